@@ -19,7 +19,13 @@ take the slots of clients that do (those are the head deadline's: ``--head-timeo
 Past the cap a request is answered at once, 503 in the OpenAI error shape with a
 ``Retry-After`` (the SDKs retry a 503 after it, and a Service's next connection may land
 on another replica), and its connection closed, its descriptor the process's again;
-counted in ``slopilot_connections_refused_total``. uvicorn's own ``limit_concurrency``
+counted in ``slopilot_connections_refused_total`` (no class: every path's). A request for
+generation refused so is a client owed a first token and given none, and the app counts
+it too (``CountRefusal``), in the series its SLO is judged on, as a 429 of a full queue:
+``slopilot serve`` as an arrival and a refusal of its class (``server/cap_refusals.py``),
+the meter as one of its class's (``Meter.count_cap_refusal``). The body is not read here,
+so its class is the priority header's, else the class a request naming none is served
+in: one named in the body alone is counted as that one. uvicorn's own ``limit_concurrency``
 answers a plain-text 503 to every path, the probes' too, and counts connections from
 their accept; nginx's ``limit_conn`` answers 503 too (its default status). The probes'
 and the scrape's paths (``EXEMPT_PATHS``) are answered past the cap, on a connection
@@ -34,7 +40,7 @@ from __future__ import annotations
 import json
 import logging
 import resource
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -77,6 +83,11 @@ CONNECTIONS_HELD = "slopilot_connections_held"
 CONNECTIONS_MAX = "slopilot_connections_max"
 SERIES = frozenset({CONNECTIONS_REFUSED, CONNECTIONS_HELD, CONNECTIONS_MAX})
 """The cap's series, by the name Prometheus stores (metric_names' catalog reads them)."""
+
+CountRefusal = Callable[["Scope"], None]
+"""What an app counts of a request the cap refused (its probes' and scrape's are not
+refused), beside ``CONNECTIONS_REFUSED``: a request for generation, in its class's
+series the SLO is judged on. Given the scope alone (the body is unread), on the loop."""
 
 log = logging.getLogger(__name__)
 
@@ -239,8 +250,9 @@ class CapGate:
     """ASGI, outermost: a request on a connection without a slot is refused (503),
     unless it is a probe's or the scrape's, answered on a connection then closed."""
 
-    def __init__(self, app: ASGIApp, cap: ConnectionCap) -> None:
-        self.app, self.cap = app, cap
+    def __init__(self, app: ASGIApp, cap: ConnectionCap,
+                 count: CountRefusal | None = None) -> None:
+        self.app, self.cap, self.count = app, cap, count
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope.get(SCOPE_KEY, True):
@@ -250,6 +262,8 @@ class CapGate:
             await self.app(scope, receive, _closing(send))
             return
         self.cap.refused += 1
+        if self.count is not None:
+            self.count(scope)
         if self.cap.refused == 1 or self.cap.refused % 1000 == 0:
             log.warning("%d connections hold every slot (--max-connections): %d requests "
                         "refused (503) so far", self.cap.limit, self.cap.refused)

@@ -25,12 +25,15 @@ VLLM_METRICS: frozenset[str] = frozenset({
     "vllm:request_inference_time_seconds", "vllm:request_max_num_generation_tokens",
 })
 # Requests turned away for load (429: the waiting queue held max_waiting, at the door or
-# displaced from it before they started by a more urgent class): their clients were
+# displaced from it before they started by a more urgent class), and requests for
+# generation refused at the connection cap (503, ``--max-connections``: by the priority
+# header's class, else the default one; ``server/cap_refusals.py``): their clients were
 # never served, each counted in its own class. The TTFT percentiles read each as a first
 # token never given.
 REFUSED = "slopilot_requests_refused_total"
 # Requests (each choice) offered to the engine, first tries, counted as the server hands
-# them to it: those it let in and those it turned away at the door for load. The workload
+# them to it: those it let in and those it turned away at the door for load; and those
+# refused at the connection cap, one a request, before the engine saw them. The workload
 # probe bins its raw samples to read how bursty the arrivals are
 # (``tuner/prometheus/burstiness.py``): a bursty load planned as Poisson read as calm.
 ARRIVED = "slopilot_requests_arrived_total"
@@ -90,7 +93,9 @@ CLIENT_REQUESTS = "slopilot_client_requests_total"
 CLIENT_REFUSALS = "slopilot_client_refusals_total"
 SERVER_COUNTERS: frozenset[str] = frozenset({CLIENT_REQUESTS, CLIENT_REFUSALS})
 # The connection cap's (``--max-connections``; engine/connection_cap.py): requests refused
-# for want of a slot, the slots held, and the cap. The meter exports them too.
+# for want of a slot (every path, no class: those for generation are in REFUSED by class
+# too, the meter's in ``slopilot_meter_refused_total``), the slots held, and the cap. The
+# meter exports them too.
 CONNECTION_SERIES: frozenset[str] = CONNECTION_CAP_SERIES
 
 

@@ -208,7 +208,8 @@ class EngineMetrics:
     def count_refused(self, priority: Priority, slo: SLOSpec | None, *,
                       retry: bool = False) -> None:
         """One request turned away for load (the waiting queue was full: at the door, or
-        displaced from it before it started by a more urgent class), judged by its
+        displaced from it before it started by a more urgent class; or refused at the
+        connection cap, ``server/cap_refusals.py``), judged by its
         class's objectives in ``slo`` (the SLO at its arrival; None: none known): it
         missed them, with no token to count. A ``retry`` (its client says it retries one
         turned away already) is counted apart and not judged again: its client's call
@@ -222,8 +223,9 @@ class EngineMetrics:
             self.observe_verdict(priority, slo.class_slo(priority), met=False, tokens=0)
 
     def count_arrived(self, priority: Priority) -> None:
-        """One request (a choice) offered to the engine, a first try: let in, or turned
-        away at the door for load (``metric_names.ARRIVED``). Event loop only."""
+        """One request (a choice) offered to the engine, a first try: let in, turned
+        away at the door for load, or refused at the connection cap, before the engine
+        (``metric_names.ARRIVED``). Event loop only."""
         self._arrived[priority] += 1
 
     def arrived(self) -> dict[Priority, int]:
@@ -486,7 +488,8 @@ class EngineMetrics:
         yield success
         refused = CounterMetricFamily(
             REFUSED, "Requests turned away for load (429: the waiting queue was full), "
-            "never served.", labels=["model_name", "priority_class"])
+            "or refused at the connection cap (503: --max-connections, by the priority "
+            "header's class), never served.", labels=["model_name", "priority_class"])
         retries = CounterMetricFamily(
             RETRIES, "Retries (x-stainless-retry-count above 0) by outcome: turned away "
             f"for load (not counted in {REFUSED.removesuffix('_total')}: their call was, "
@@ -500,7 +503,8 @@ class EngineMetrics:
             labels=["model_name", "priority_class", WITHIN_TTFT_TARGET])
         arrived = CounterMetricFamily(
             ARRIVED, "Requests (each choice) offered to the engine, first tries: let in, "
-            "or turned away at the door for load.", labels=["model_name", "priority_class"])
+            "turned away at the door for load, or refused at the connection cap (one "
+            "each).", labels=["model_name", "priority_class"])
         for p in Priority:  # at 0 from the start: rate() misses a counter's first value
             refused.add_metric([self.model_name, p.label], self._refused[p])
             arrived.add_metric([self.model_name, p.label], self._arrived[p])

@@ -41,6 +41,9 @@ RETRY_COUNT_HEADER = "x-stainless-retry-count"
 """Which try of one call a request is (0: the first), as the openai SDKs send it: they
 retry a 429 twice by default, and each retry of a call turned away is not another
 client turned away."""
+UNNAMED_CLASS = Priority.P1
+"""The class a request naming none (neither its body nor ``PRIORITY_HEADER``) is served
+in where no client grants decide (with them: its grant's default class)."""
 # Below this many characters of prompt text, tokenizing takes well under a millisecond:
 # cheaper on the event loop than the hop to a tokenizer thread and back.
 INLINE_PREPARE_CHARS = 2048
@@ -86,7 +89,7 @@ class Prepared:
     continuous_usage: bool = False
 
 
-def _retry(headers: Mapping[str, str]) -> bool:
+def is_retry(headers: Mapping[str, str]) -> bool:
     """Whether the client says this request retries a call: a count above 0. Anything
     else (no header, 0, a value that is no count) is a first try, counted as one."""
     raw = headers.get(RETRY_COUNT_HEADER, "").strip()
@@ -107,7 +110,8 @@ def one_priority_header(values: list[str]) -> None:
 def _priority(body_value: int | str | None, headers: Mapping[str, str],
               clients: ClientClasses | None) -> tuple[Priority, Served | None]:
     """The class a request is served in (the body's ``priority`` over the header, P1 if
-    neither names one), and for whom where ``clients`` grant the classes."""
+    neither names one: ``UNNAMED_CLASS``), and for whom where ``clients`` grant the
+    classes."""
     raw = body_value if body_value is not None else headers.get(PRIORITY_HEADER)
     param = "priority" if body_value is not None else PRIORITY_HEADER
     named = None
@@ -117,7 +121,7 @@ def _priority(body_value: int | str | None, headers: Mapping[str, str],
         except ValueError as exc:
             raise APIError(400, str(exc), param=param) from None
     if clients is None:
-        return (Priority.P1 if named is None else named), None
+        return (UNNAMED_CLASS if named is None else named), None
     try:
         served = clients.serve(headers.get("authorization"), named)
     except ClientRefused as exc:
@@ -350,7 +354,7 @@ def prepare(backend: Backend, body: CompletionRequest | ChatCompletionRequest,
     return Prepared(base, prompts, choices, body.stop_strings,
                     frozenset(body.stop_token_ids or ()) | frozenset(eos), chat,
                     body.include_usage, body.stream, body.return_token_ids, echo,
-                    _logprobs(body), retry=_retry(headers), served=served,
+                    _logprobs(body), retry=is_retry(headers), served=served,
                     continuous_usage=body.continuous_usage)
 
 

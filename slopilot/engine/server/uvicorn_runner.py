@@ -31,6 +31,7 @@ from slopilot.engine.http_deadlines import (
 from slopilot.engine.server.admin_credential import AdminCredential
 from slopilot.engine.server.app import ServerState, create_app
 from slopilot.engine.server.backends import Backend
+from slopilot.engine.server.cap_refusals import cap_refusal_counter
 from slopilot.engine.server.gc_pauses import GCPauses
 from slopilot.engine.server.request_limits import DEFAULT_MAX_BODY_BYTES
 from slopilot.engine.server.startup_heap import freeze_startup_heap
@@ -153,7 +154,9 @@ def make_server(backend: Backend, *, host: str = "127.0.0.1", port: int = 0,
     http = with_connection_cap(with_deadlines(h11_protocol(backend.engine.clock.now), deadlines,
                                               call_later, backend.metrics.count_send_timeout),
                                cap)
-    config = uvicorn.Config(CapGate(app, cap), host=host, port=port, log_level=log_level,
+    # A request for generation refused at the cap is counted in its class, as a 429.
+    gate = CapGate(app, cap, cap_refusal_counter(backend.metrics, app.state.clients))
+    config = uvicorn.Config(gate, host=host, port=port, log_level=log_level,
                             http=http, timeout_graceful_shutdown=int(drain_timeout_s) + 5,
                             access_log=False)
     return DrainingServer(config, app.state, listen, bound_admin, cap)

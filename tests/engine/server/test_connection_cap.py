@@ -157,3 +157,82 @@ def test_the_admin_port_is_not_behind_the_cap() -> None:
             status, _, body = _answer(admin)
             assert status.startswith(b"HTTP/1.1 200 "), (status, body[:200])
         assert _held(srv) == 1
+
+
+def _post(srv: LiveServer, path: str, headers: dict[str, str]) -> bytes:
+    """A request for generation on a connection of its own; the answer's first bytes
+    (a reset may take the 503's place: its body is unread at the cap, as documented)."""
+    body = json.dumps({"prompt": "hi", "messages": [{"role": "user", "content": "hi"}],
+                       "max_tokens": 1}).encode()
+    extra = b"".join(b"%s: %s\r\n" % (k.encode(), v.encode()) for k, v in headers.items())
+    with _connect(srv) as sock:
+        sock.sendall(b"POST %s HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                     b"%scontent-length: %d\r\n\r\n%s" % (path.encode(), extra, len(body),
+                                                          body))
+        answer = b""
+        try:
+            while got := sock.recv(65536):
+                answer += got
+        except ConnectionResetError:
+            pass
+    return answer
+
+
+def _refused_at_cap(srv: LiveServer) -> int:
+    return _on_loop(srv, lambda: srv.server.connection_cap.refused)
+
+
+def test_a_generation_refused_at_the_cap_counts_in_its_class_as_a_429_does(
+        served: LiveServer) -> None:
+    """The reviewer's case: idle keep-alive clients polling /v1/models hold every slot,
+    and the P0 requests refused at the cap showed in no class: p0 arrived nothing,
+    refused nothing, and its TTFT P99 read as met. Each is counted where a 429 is: an
+    arrival and a refusal of its class (the priority header's; none given: P1, the class
+    a request naming none is served in), a miss of its class's objectives, and, through
+    ``slopilot_requests_refused_total``, a first token never given in the TTFT the rules
+    judge. /v1/models refused at the cap is in no class."""
+    from slopilot.engine.metric_names import REFUSED
+    from slopilot.engine.request import Priority
+    from slopilot.engine.slo import SLOSpec
+    from slopilot.tuner.prometheus.latency_sources import BUILTIN_LATENCY
+
+    metrics = served.backend.metrics
+    slo = SLOSpec.from_profile("standard")
+    _on_loop(served, lambda: metrics.set_slo(slo))
+    with ExitStack() as stack:
+        for _ in range(CAP):  # idle keep-alive clients, each holding a slot
+            sock = stack.enter_context(_connect(served))
+            assert _get(sock, "/v1/models")[0].startswith(b"HTTP/1.1 200 ")
+        wait_for(lambda: _held(served) == CAP, what="the cap's slots all held")
+
+        answers = [_post(served, "/v1/completions", {"x-slopilot-priority": "p0"}),
+                   _post(served, "/v1/chat/completions", {"x-slopilot-priority": "P0"}),
+                   _post(served, "/v1/completions", {}),  # no class named: P1's
+                   # A retry of a call turned away: counted apart, not a second arrival.
+                   _post(served, "/v1/completions", {"x-slopilot-priority": "p2",
+                                                     "x-stainless-retry-count": "1"})]
+        for answer in answers:
+            assert answer == b"" or answer.startswith(b"HTTP/1.1 503 "), answer[:200]
+        with _connect(served) as sock:
+            assert _get(sock, "/v1/models")[0].startswith(b"HTTP/1.1 503 ")
+        wait_for(lambda: _refused_at_cap(served) == 5, what="five refusals at the cap")
+
+    refused = _on_loop(served, metrics.refused)
+    arrived = _on_loop(served, metrics.arrived)
+    assert refused == {Priority.P0: 2, Priority.P1: 1, Priority.P2: 0}
+    assert arrived == {Priority.P0: 2, Priority.P1: 1, Priority.P2: 0}
+    assert _on_loop(served, lambda: metrics.retries(refused=True))[Priority.P2] == 1
+    verdicts = _on_loop(served, metrics.verdicts)
+    assert verdicts[Priority.P0, slo.p0.label, False] == (2, 0)
+    assert verdicts[Priority.P1, slo.p1.label, False] == (1, 0)
+
+    # As Prometheus scrapes it: the refusals the TTFT rules read as first tokens never
+    # given, per class.
+    assert REFUSED in BUILTIN_LATENCY.ttft.engine.never
+    with _connect(served) as probe:
+        _, _, exposition = _get(probe, "/metrics")
+    text, model = exposition.decode(), metrics.model_name
+    assert f'{REFUSED}{{model_name="{model}",priority_class="p0"}} 2.0' in text, \
+        [ln for ln in text.splitlines() if REFUSED in ln]
+    assert f'{REFUSED}{{model_name="{model}",priority_class="p1"}} 1.0' in text
+    assert "slopilot_connections_refused_total 5.0" in text
