@@ -564,6 +564,32 @@ def test_the_arrival_rate_counts_the_requests_turned_away(
 
 
 @pytest.mark.prometheus
+@pytest.mark.parametrize("counter", ["engine", "meter"])
+def test_a_windows_refusals_take_in_those_the_meter_refused_at_its_cap(
+        prometheus_binaries: PrometheusBinaries, tmp_path: Path,  # noqa: F811
+        counter: str) -> None:
+    """The refusals a window reads by class (``requests_refused``: the status's
+    sloAttainment counts each as output owed): the built-in engine's (429s, and 503s at
+    its connection cap), or, on vLLM, those its meter refused at its cap (503). Read from
+    the engine's alone, a vLLM deployment whose meter refused most P0 streams read none
+    refused."""
+    from slopilot.engine.meter.exposition import METER_REFUSED
+    from slopilot.engine.metric_names import REFUSED
+
+    expr = windows(Recorded({}))._exprs({"d": "x"}, 60)["refused"][None]
+    name = REFUSED if counter == "engine" else METER_REFUSED
+    series = [{"series": f'{name}{{d="x",instance="a",priority_class="p0"}}',
+               "values": "0+16x10"}]
+    test = {"evaluation_interval": "1m", "tests": [{
+        "interval": "1m", "input_series": series, "promql_expr_test": [{
+            "expr": expr, "eval_time": "5m",
+            "exp_samples": [{"labels": '{priority_class="p0"}', "value": 16}]}]}]}
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
+    result = promtool(prometheus_binaries, "test", "rules", "test.yaml", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.prometheus
 def test_prometheus_names_the_replicas_scraped_without_series_in_the_window(
         prometheus_binaries: PrometheusBinaries, tmp_path: Path) -> None:  # noqa: F811
     """The query behind the missing-replica rejection, on Prometheus' own engine: a

@@ -124,7 +124,8 @@ def uvicorn_config(app: Meter, *, host: str, port: int, log_level: str,
     defaults unless given; ``slopilot serve``'s flags), timed on ``call_later`` (the
     loop's unless given: a test's own clock); past ``max_connections`` (the default
     ceiling unless given) a request is refused 503 and a probe's or scrape's answered,
-    counted in ``app.connection_cap`` (connection_cap.py)."""
+    counted in ``app.connection_cap`` (connection_cap.py), and one for generation in the
+    meter's class too (``Meter.count_cap_refusal``)."""
     import uvicorn
 
     from slopilot.engine.connection_cap import (
@@ -146,6 +147,7 @@ def uvicorn_config(app: Meter, *, host: str, port: int, log_level: str,
     app.count_connections(cap)
     http = with_connection_cap(with_deadlines(bounded_head(httptools_protocol(app.clock)),
                                               deadlines or DEFAULT_DEADLINES, call_later), cap)
-    return uvicorn.Config(CapGate(app, cap), host=host, port=port, log_level=log_level,
+    return uvicorn.Config(CapGate(app, cap, app.count_cap_refusal), host=host, port=port,
+                          log_level=log_level,
                           access_log=False, lifespan="on", http=http,
                           server_header=False, date_header=False)

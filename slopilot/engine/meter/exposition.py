@@ -3,7 +3,8 @@
 vLLM's exposition (asked for in the text format, whose names keep their colons), then
 the verdict counters (``Verdicts.families``), then the client-side histograms and the
 choices cut short before a first token, then the Responses streams replayed, then the
-requests arrived and those of them refused as invalid, then when the meter started,
+requests arrived, those of them refused as invalid and those refused at the connection
+cap, then when the meter started,
 then those in flight, then the connection cap's counts (``connection_cap.py``): one
 answer, one ``instance``, so the goodput rule joins vLLM's tokens and the verdicts per
 replica, the workload probe tells a replica that counts its arrivals from one that does
@@ -45,6 +46,11 @@ by the name Prometheus stores: the workload probe's arrivals on a replica that e
 INVALID = "slopilot_meter_invalid_total"
 """Of ``ARRIVALS``, those the engine answered with a client's error (``Meter.invalid``):
 never served, so never load; the workload probe takes them off the replica's arrivals."""
+METER_REFUSED = "slopilot_meter_refused_total"
+"""Of ``ARRIVALS``, the requests for generation the meter refused at its connection cap
+(503, ``--max-connections``; ``Meter.count_cap_refusal``), in its class: never forwarded,
+no first token given. The rules read them beside both TTFT histograms as first tokens
+never given (``latency_sources.VLLM_LATENCY``), as the built-in engine's refusals."""
 METER_START = "slopilot_meter_start_time_seconds"
 """When this meter started (Unix time): its client-side histograms, the P99s a vLLM
 deployment is judged on, began again at 0 then, which Prometheus cannot tell once they
@@ -63,7 +69,7 @@ def meter_series() -> frozenset[str]:
     """Every series the meter adds to vLLM's, by the name Prometheus stores: with vLLM's
     own, all a vLLM deployment's queries (its dashboard's, its rules') may read."""
     names = {SLO_REQUESTS, SLO_TOKENS, f"{REPLAYED_STREAMS}_total", ARRIVALS, INVALID,
-             CLIENT_ABANDONED, CLIENT_AWAITING, METER_START, IN_FLIGHT,
+             METER_REFUSED, CLIENT_ABANDONED, CLIENT_AWAITING, METER_START, IN_FLIGHT,
              *CONNECTION_SERIES}
     for histogram in CLIENT_SERIES:
         names |= {f"{histogram}_bucket", f"{histogram}_sum", f"{histogram}_count"}
@@ -80,6 +86,7 @@ class Scraped(Protocol):
     replays: int
     arrivals: int
     invalid: int
+    refused: int
     in_flight: int
 
     def awaiting(self) -> Mapping[bool, int]:
@@ -90,8 +97,8 @@ class Scraped(Protocol):
 
 def own_registry(meter: Scraped) -> TextRegistry:
     """The meter's own families: the verdicts, the client-side histograms, the choices
-    cut short before a first token, the replays, the arrivals and the invalid ones,
-    scraped in this order."""
+    cut short before a first token, the replays, the arrivals, the invalid ones and
+    those refused at the cap, scraped in this order."""
     registry = TextRegistry()
     registry.register(_VerdictCollector(meter))
     registry.register(_LatencyCollector(meter))
@@ -198,7 +205,11 @@ class _ArrivalCollector(Collector):
                 (INVALID, "Of the requests counted as they came, those the engine "
                  "answered with a client's error (4xx but 429: a prompt past the context, "
                  "a bad parameter, no such model), counted as many times again: refused "
-                 "unserved, no load.", self.meter.invalid)):
+                 "unserved, no load.", self.meter.invalid),
+                (METER_REFUSED, "Of the requests counted as they came, those for "
+                 "generation the meter refused at its connection cap (503: "
+                 "--max-connections), one each, never forwarded: no first token given.",
+                 self.meter.refused)):
             family = CounterMetricFamily(name, doc, labels=["model_name", "priority_class"])
             family.add_metric(labels, count)
             yield family

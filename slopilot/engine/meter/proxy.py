@@ -29,6 +29,11 @@
   counted again as such (``invalid``) once its status comes, and the probe takes it off:
   counted at the status instead, a body's arrival would wait for its end, and a client
   gone before any status would not be counted at all.
+- A request for generation refused at the connection cap (``count_cap_refusal``) is an
+  arrival of the meter's class never forwarded, counted in ``refused`` and judged a miss
+  of its objectives: the rules read it as a first token never given. The meter serves one
+  class (``--priority-class``), whatever the request's header says, so the cap, which
+  reads no body, knows its class.
 - Each request for generation is in ``in_flight`` from when it is forwarded until its
   exchange ends, however it ends (answered, the client gone, the engine failed or broke
   off, cancelled): the stall rule's word on whether a vLLM replica has work, where
@@ -61,7 +66,12 @@ from slopilot.engine.meter.asgi_http import (
 )
 from slopilot.engine.meter.body_budget import BODY_BUDGET_MIB, MAX_BODY_MIB, BodyBudget, Hold
 from slopilot.engine.meter.client_latency import ClientLatency
-from slopilot.engine.meter.request_plan import Buffer, RequestPlanner, is_replay
+from slopilot.engine.meter.request_plan import (
+    JUDGED_PATHS,
+    Buffer,
+    RequestPlanner,
+    is_replay,
+)
 from slopilot.engine.meter.slo_watch import SLOWatch
 from slopilot.engine.meter.stream_judge import StreamJudge
 from slopilot.engine.metrics_text import render
@@ -145,6 +155,8 @@ class Meter:
         """The requests for generation forwarded (``Plan.arrivals``), each as it came."""
         self.invalid = 0
         """Of ``arrivals``, those the engine answered as invalid (``is_invalid``)."""
+        self.refused = 0
+        """Of ``arrivals``, those refused at the connection cap (``count_cap_refusal``)."""
         self.running: set[_Exchange] = set()
         """The exchanges under way, whose judged streams' choices may still wait for a
         first token (``awaiting``)."""
@@ -158,6 +170,22 @@ class Meter:
         """Serve ``cap``'s counts after the meter's own series (its server's cap)."""
         self.connection_cap = cap
         self.registry.register(cap)
+
+    def count_cap_refusal(self, scope: Scope) -> None:
+        """A request the connection cap refused (``connection_cap.CountRefusal``): one
+        for generation (a POST to ``JUDGED_PATHS``, streamed or not: the body is unread)
+        is an arrival of the meter's class, refused, and a miss of its objectives as
+        they stand, with no token, as the built-in engine counts a 429."""
+        raw_path: bytes = scope.get("raw_path") or scope["path"].encode()
+        if scope.get("method") != "POST" or not raw_path.startswith(b"/"):
+            return
+        # Read as ``_forward`` reads it: the path the engine would have been asked for.
+        if self.upstream_url.copy_with(raw_path=raw_path).path not in JUDGED_PATHS:
+            return
+        self.arrivals += 1
+        self.refused += 1
+        slo = self.slo.current().class_slo(self.priority)
+        self.verdicts.observe(self.priority, slo, met=False, tokens=0)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":

@@ -16,7 +16,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from slopilot.engine.meter.exposition import METER_START
+from slopilot.engine.meter.exposition import METER_REFUSED, METER_START
 from slopilot.engine.metric_names import BUSY, PROCESS_START, REFUSED
 from slopilot.engine.sim.scenario import Scenario
 from slopilot.engine.slo import SLOSpec
@@ -152,7 +152,12 @@ class PrometheusWindows:
         w, s = duration(window_s), render_selector(sel)
         out["requests"] = {None: f"sum by (priority_class) (increase("
                                  f"vllm:e2e_request_latency_seconds_count{s}[{w}]))"}
-        out["refused"] = {None: f"sum by (priority_class) (increase({REFUSED}{s}[{w}]))"}
+        # Turned away, by class: the built-in engine's (429s, and 503s at its connection
+        # cap), or the meter's 503s at its cap in front of vLLM (which refuses nothing).
+        # A deployment has one of them: either alone is read where the other is absent.
+        engine, meter = (f"sum by (priority_class) (increase({name}{s}[{w}]))"
+                         for name in (REFUSED, METER_REFUSED))
+        out["refused"] = {None: f"({engine} + {meter} or {engine} or {meter})"}
         # What each class's TTFT P99 rests on, for the floor of requests a verdict needs:
         # on vLLM the meter's streams where it saw any, which may be few of the finished.
         out["ttft_samples"] = {None: latency_count(self.latency.ttft, s, w)}

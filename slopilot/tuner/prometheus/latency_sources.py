@@ -14,15 +14,17 @@ the rules read it wherever it observed a stream in the window, and vLLM's where 
 observed none (a deployment whose clients ask for bodies, or a pod without a meter).
 
 A request that never got a first token is in no TTFT histogram: one turned away for load
-(429) and one whose client left before its first token (a stall's queue, vLLM's, which
-answers no 429). Each TTFT histogram names the counters of those (``Histogram.never``),
-which the rules read as observations in its +Inf bucket (``rules.bucket_rates``): the
-built-in engine counts both, the meter the streams cut short before a first token; of
-those cut short, only the ones whose client had waited past its TTFT target (a client
-gone within it missed nothing: ``slo.WITHIN_TTFT_TARGET``). So are the requests still
-waiting for one at the window's end past their target (``Histogram.waiting``, gauges: a
-class the config starves, whose clients have not given up yet), as the simulator ranks
-its censored TTFTs (``engine/awaiting.py``).
+(429), one refused at the connection cap (503, ``--max-connections``) and one whose client
+left before its first token (a stall's queue, vLLM's, which answers no 429). Each TTFT
+histogram names the counters of those (``Histogram.never``), which the rules read as
+observations in its +Inf bucket (``rules.bucket_rates``): the built-in engine counts all
+three (a refusal at its cap among its refusals), the meter the requests it refused at its
+cap and the streams cut short before a first token; of those cut short, only the ones
+whose client had waited past its TTFT target (a client gone within it missed nothing:
+``slo.WITHIN_TTFT_TARGET``). So are the requests still waiting for one at the window's
+end past their target (``Histogram.waiting``, gauges: a class the config starves, whose
+clients have not given up yet), as the simulator ranks its censored TTFTs
+(``engine/awaiting.py``).
 
 The operator picks a backend's sources once (``operator.service_monitor.latency_sources``), and
 passes them to the rules, the trial windows and the dashboard alike.
@@ -41,7 +43,7 @@ from slopilot.engine.meter.client_latency import (
     CLIENT_TBT,
     CLIENT_TTFT,
 )
-from slopilot.engine.meter.exposition import IN_FLIGHT
+from slopilot.engine.meter.exposition import IN_FLIGHT, METER_REFUSED
 from slopilot.engine.metric_names import ABANDONED, AWAITING, REFUSED
 
 TTFT = "vllm:time_to_first_token_seconds"
@@ -110,13 +112,15 @@ BUILTIN_LATENCY = LatencySources(
 
 VLLM_LATENCY = LatencySources(
     # vLLM refuses nothing for load (it queues), and its own histogram drops a request
-    # whose client left: the meter counts those, beside either histogram. Beside vLLM's
-    # too: where the meter saw no first token (its clients ask for bodies, which it does
-    # not time), a stream cut short is one more never given among vLLM's, not the class.
+    # whose client left: the meter counts those, and those it refused at its connection
+    # cap (503), beside either histogram. Beside vLLM's too: where the meter saw no first
+    # token (its clients ask for bodies, which it does not time), a stream cut short is
+    # one more never given among vLLM's, not the class.
     ttft=LatencySource(Histogram(TTFT, tuple(VLLM_LATENCY_BUCKETS[TTFT]),
-                                 never=(CLIENT_ABANDONED,), waiting=(CLIENT_AWAITING,)),
+                                 never=(CLIENT_ABANDONED, METER_REFUSED),
+                                 waiting=(CLIENT_AWAITING,)),
                        client=Histogram(CLIENT_TTFT, TOKEN_LATENCY_BUCKETS,
-                                        never=(CLIENT_ABANDONED,),
+                                        never=(CLIENT_ABANDONED, METER_REFUSED),
                                         waiting=(CLIENT_AWAITING,))),
     tbt=LatencySource(Histogram(TBT, tuple(VLLM_LATENCY_BUCKETS[TBT])),
                       client=Histogram(CLIENT_TBT, TOKEN_LATENCY_BUCKETS)),

@@ -259,3 +259,63 @@ def test_past_the_cap_a_request_is_refused_and_the_scrape_still_answers(
         assert b"vllm:num_requests_running 0" in answer
         assert b"slopilot_connections_refused_total 1.0" in answer
         assert b"slopilot_connections_held 2.0" in answer
+
+
+def _refused_answer(port: int, request: bytes) -> bytes:
+    """``request`` on a connection of its own, the answer read to the close (a reset may
+    take the 503's place: the body is unread at the cap)."""
+    answer = b""
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.settimeout(HANG_GUARD_S)
+        sock.sendall(request)
+        with contextlib.suppress(ConnectionResetError):
+            while got := sock.recv(65536):
+                answer += got
+    return answer
+
+
+def test_a_generation_refused_at_the_cap_counts_in_the_meters_class(
+        tmp_path: Path) -> None:
+    """A request for generation the meter refuses at its cap is counted where the SLO is
+    judged: an arrival of the meter's class (``--priority-class``; the meter serves one,
+    whatever the request's header says), a miss of its objectives, and a first token
+    never given (``slopilot_meter_refused_total``, which the rules read in +Inf beside
+    both TTFT histograms). A GET to /v1/models refused at the cap counts in none."""
+    from slopilot.engine.meter.exposition import METER_REFUSED
+    from slopilot.tuner.prometheus.latency_sources import VLLM_LATENCY
+
+    with _serve(tmp_path, max_connections=2) as meter, contextlib.ExitStack() as stack:
+        for _ in range(2):
+            sock = stack.enter_context(socket.create_connection(("127.0.0.1", meter.port)))
+            sock.sendall(_completion())
+        wait_for(lambda: len(meter.upstream.requests) == 2, what="both streams forwarded")
+        cap = meter.app.connection_cap
+        assert cap is not None
+        before = meter.app.arrivals
+        chat = _completion().replace(b"/v1/completions", b"/v1/chat/completions")
+        for request in (_completion(), chat,
+                        _completion().replace(b"host: x\r\n",
+                                              b"host: x\r\nx-slopilot-priority: p2\r\n")):
+            answer = _refused_answer(meter.port, request)
+            assert answer == b"" or answer.startswith(b"HTTP/1.1 503 "), answer[:300]
+        answer = _refused_answer(meter.port, b"GET /v1/models HTTP/1.1\r\nhost: x\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 503 "), answer[:300]
+        wait_for(lambda: cap.refused == 4, what="four refusals at the cap")
+        assert len(meter.upstream.requests) == 2  # none reached vLLM
+
+        assert meter.app.arrivals - before == 3
+        assert meter.app.refused == 3
+        assert counted(meter.app)[Priority.P0, LABEL, False] == (3, 0)
+        assert METER_REFUSED in VLLM_LATENCY.ttft.engine.never
+        assert VLLM_LATENCY.ttft.client is not None
+        assert METER_REFUSED in VLLM_LATENCY.ttft.client.never
+        with socket.create_connection(("127.0.0.1", meter.port)) as sock:
+            sock.settimeout(HANG_GUARD_S)
+            sock.sendall(b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n")
+            scraped = b""
+            while got := sock.recv(65536):
+                scraped += got
+        text = scraped.decode()
+        assert f'{METER_REFUSED}{{model_name="",priority_class="p0"}} 3.0' in text, \
+            [ln for ln in text.splitlines() if "refused" in ln]
+        assert "slopilot_connections_refused_total 4.0" in text
