@@ -42,6 +42,7 @@ from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
 from slopilot.engine.latency_buckets import DENSE_FROM_S, DENSE_TO_S, QUANTILE_STEP
 from slopilot.engine.meter.client_latency import CLIENT_ABANDONED
+from slopilot.engine.meter.exposition import METER_REFUSED
 from slopilot.engine.metric_names import (
     ABANDONED,
     CONNECTIONS_REFUSED,
@@ -202,7 +203,8 @@ def _latency_panels(latency: LatencySources) -> list[timeseries.Panel]:
                             "token in the window)")
                     top, wait = "either edge", "a wait that long"
                 description += (
-                    " A request turned away for load (429, the built-in engine) or whose "
+                    " A request turned away for load (429, the built-in engine), refused "
+                    "at the connection cap (503, by its header's class) or whose "
                     "client left before a first token after waiting past the target counts "
                     f"as a first token never given: read as {edge}. So a P99 of {top} "
                     f"says at least 1 % (a P50 of {top}, at least 50 %) of the class's "
@@ -232,11 +234,18 @@ def _throughput_panels(vllm: bool) -> list[Any]:
         finished.append(_query(
             f"sum by (priority_class) (rate({CLIENT_ABANDONED}{{{SEL}}}[{RATE}]))",
             "streams cut before a first token {{priority_class}}"))
+        finished.append(_query(
+            f"sum by (priority_class) (rate({METER_REFUSED}{{{SEL}}}[{RATE}]))",
+            "refused at the meter's cap {{priority_class}}"))
+        finished_about += (
+            " Refused at the meter's cap: requests for generation the meter answered 503 "
+            "at its connection cap, in its class; the TTFT panels count each as a first "
+            "token never given.")
     else:  # the built-in engine's own series: vLLM has none of them
         requests.append(_query(f"sum(slopilot_num_requests_swapped{{{SEL}}})", "swapped"))
         finished += [
             _query(f"sum by (priority_class) (rate({REFUSED}{{{SEL}}}[{RATE}]))",
-                   "turned away (429) {{priority_class}}"),
+                   "turned away (429, or 503 at the cap) {{priority_class}}"),
             _query(f"sum by (priority_class) (rate({ABANDONED}{{{SEL}}}[{RATE}]))",
                    "left before a first token {{priority_class}}"),
             _query(f"sum by (priority_class) (rate({RETRIES}{{{SEL},outcome=\"refused\"}}"
@@ -245,7 +254,9 @@ def _throughput_panels(vllm: bool) -> list[Any]:
                    "cut at the send deadline")]
         finished_about = (
             "Turned away: requests the engine refused for load (its waiting queue full), "
-            "never served; the TTFT panels count each as a first token never given. "
+            "and requests for generation refused at the connection cap, by the class "
+            "their header names, never served; the TTFT panels count each as a first "
+            "token never given. "
             "Left before a first token: requests whose client went away (or whose answer "
             "failed) before one reached it, a stall's queue; those that had waited past "
             "the TTFT target are counted as first tokens never given too. Retries "
@@ -258,7 +269,9 @@ def _throughput_panels(vllm: bool) -> list[Any]:
                            "refused at the connection cap (503)"))
     finished_about += (" Refused at the connection cap: requests answered 503 because "
                        "--max-connections connections held every slot (slow readers, "
-                       "or more clients than the pod holds).")
+                       "idle keep-alive clients, or more clients than the pod holds), of "
+                       "every path, in no class; those for generation are in their "
+                       "class's refusals too.")
     return [
         _series("Tokens per second and goodput", [
             _query(f"sum(rate(vllm:generation_tokens_total{{{SEL}}}[{RATE}]))", "generated"),

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from slopilot.engine.meter.client_latency import CLIENT_ABANDONED, CLIENT_AWAITING, CLIENT_SERIES
-from slopilot.engine.meter.exposition import IN_FLIGHT
+from slopilot.engine.meter.exposition import IN_FLIGHT, METER_REFUSED
 from slopilot.engine.metric_names import exported_series
 from slopilot.operator.dashboards import (
     EXTERNAL_METRICS,
@@ -120,7 +120,7 @@ def test_every_referenced_series_is_exported_or_documented() -> None:
     exprs += dashboard_exprs(build_dashboard(latency=VLLM_LATENCY))
     # The meter's, beside a vLLM engine (engine/meter/client_latency.py).
     meter = {f"{name}_{part}" for name in CLIENT_SERIES for part in ("bucket", "count")}
-    meter |= {CLIENT_ABANDONED, CLIENT_AWAITING, IN_FLIGHT}
+    meter |= {CLIENT_ABANDONED, CLIENT_AWAITING, IN_FLIGHT, METER_REFUSED}
     known = exported_series() | set(EXTERNAL_METRICS) | recorded | meter
     referenced = {name for e in exprs for name in _SELECTED.findall(e)}
     assert referenced, "the selector pattern found nothing: the test would pass vacuously"

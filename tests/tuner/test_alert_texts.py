@@ -18,9 +18,10 @@ from tests.support.prometheus import PrometheusBinaries, promtool
 NS, NAME = "team-a", "chat"
 IDENT = f'slopilot_namespace="{NS}",slopilot_deployment="{NAME}"'
 NO_TOKEN = ("P0 time to first token P99 is at the histogram's last edge, {over} of 100 ms: "
-            "at least 1 % of requests got no first token (refused, abandoned or still "
-            "waiting). A stall, an outage or an overload, not a chunk size: "
-            "SlopilotEngineStalled or SlopilotTargetsDown says which where it fires, and "
+            "at least 1 % of requests got no first token (refused for load or at the "
+            "connection cap, abandoned or still waiting). A stall, an outage or an "
+            "overload, not a chunk size: SlopilotEngineStalled or SlopilotTargetsDown "
+            "says which where it fires, and "
             "the controller holds while it does (docs/operations.md, Alerts).")
 
 

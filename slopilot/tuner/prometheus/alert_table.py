@@ -435,7 +435,8 @@ def _class_rows(p: Priority, slo: SLOSpec, o: RuleOptions, context: AlertContext
                 f"{C} time to first token P99" + (f" over the last {span}" if lasting else "")
                 + f" {{{{ if {_no_first_token(context)} }}}}is at the histogram's last "
                 f"edge, {over} of {_ms(target.ttft_p99_ms)}: at least 1 % of requests got "
-                f"no first token (refused, abandoned or still waiting). "
+                f"no first token (refused for load or at the connection cap, abandoned "
+                f"or still waiting). "
                 f"{_no_first_token_advice(context.advice)}"
                 f"{{{{ else }}}}is {{{{ $value | humanizeDuration }}}}, {over} of "
                 f"{_ms(target.ttft_p99_ms)}: {says(then)}.{{{{ end }}}}"))
