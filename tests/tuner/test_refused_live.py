@@ -1,6 +1,7 @@
-"""Requests turned away for load, end to end: a live engine answers 429, a real Prometheus
-scrapes it with the deployment's rules, and every TTFT reader sees a first token never
-given: the recorded P99, the alert, and the loop's window."""
+"""Requests turned away for load, end to end: a live engine answers 429 (or, at its
+connection cap, 503), a real Prometheus scrapes it with the deployment's rules, and every
+TTFT reader sees a first token never given: the recorded P99, the alert, and the loop's
+window."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from slopilot.engine.http_deadlines import Deadlines
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.stats import REFUSED_TTFT_S
 from slopilot.engine.slo import SLOSpec
@@ -117,5 +119,64 @@ def test_a_live_engine_turning_clients_away_reads_as_missing_its_ttft_slo(
                      tolerate=(WindowRejected,))
         refused = backend.metrics.refused()
         assert refused[Priority.P1] > 0 and refused[Priority.P0] == refused[Priority.P2] == 0
+    finally:
+        srv.stop()
+
+
+@pytest.mark.prometheus
+@pytest.mark.slow
+def test_p0_refused_at_the_connection_cap_reads_as_missing_its_ttft_slo(
+        prometheus_factory: Callable[..., PrometheusServer],  # noqa: F811
+        tmp_path: Path) -> None:
+    """The reviewer's case, live: idle keep-alive clients hold every slot of
+    ``--max-connections``, and every P0 request (the priority header) is a 503 at the
+    cap. Counted in ``slopilot_connections_refused_total`` alone, P0 read no arrival and
+    no refusal and fired nothing; now its recorded TTFT P99 is the last edge and its
+    alert fires, while Prometheus' scrape still gets in past the cap."""
+    backend = build_backend()
+    backend.metrics.set_slo(SLO)
+    cap = 2
+    # The idle clients' connections kept for the test's length (the keep-alive of
+    # clients that poll within it).
+    srv = start_server(backend, max_connections=cap,
+                       deadlines=Deadlines(keep_alive_s=3600.0))
+    p0 = 'priority_class="p0"'
+    try:
+        opts = RuleOptions(interval_s=1, rate_window_s=5, alert_for_s=1, tbt_periods=1,
+                           breach_window_s=5)
+        rules = tmp_path / "rules.yaml"
+        rules.write_text(render_rules_yaml(SLO, SELECTOR["slopilot_deployment"],
+                                           options=opts))
+        prom = prometheus_factory(targets=[ScrapeTarget(
+            "engine", [srv.url.removeprefix("http://")], SELECTOR)], rule_files=[rules])
+        with contextlib.ExitStack() as stack:
+            for _ in range(cap):  # idle keep-alive clients, each holding a slot
+                idle = stack.enter_context(httpx.Client(timeout=HANG_GUARD_S))
+                assert idle.get(srv.url + "/v1/models").status_code == 200
+            stop = threading.Event()
+
+            def post() -> None:
+                while not stop.is_set():
+                    with contextlib.suppress(httpx.HTTPError), \
+                            httpx.Client(timeout=HANG_GUARD_S) as client:
+                        client.post(srv.url + "/v1/completions", json={
+                            "prompt": "hello", "max_tokens": 4},
+                            headers={"x-slopilot-priority": "p0"})
+
+            thread = threading.Thread(target=post, daemon=True)
+            thread.start()
+            stack.callback(thread.join, HANG_GUARD_S)
+            stack.callback(stop.set)
+            wait_for(lambda: _values(prom, f"slopilot_requests_refused_total{{{p0}}} > 0"),
+                     what="Prometheus to hold P0 refused at the cap")
+            wait_for(lambda: _values(prom, f"slopilot:ttft_seconds:p99{{{p0}}}")
+                     == [REFUSED_TTFT_S], what="P0's recorded TTFT P99 at 300 s")
+            wait_for(lambda: [a for a in prom.alerts()
+                              if a["labels"]["alertname"] == "SlopilotTTFTP99High"
+                              and a["labels"]["priority_class"] == "p0"
+                              and a["state"] == "firing"],
+                     what="SlopilotTTFTP99High firing for P0")
+        assert backend.metrics.refused()[Priority.P0] > 0
+        assert backend.metrics.arrived()[Priority.P0] == backend.metrics.refused()[Priority.P0]
     finally:
         srv.stop()
