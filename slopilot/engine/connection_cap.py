@@ -19,20 +19,22 @@ take the slots of clients that do (those are the head deadline's: ``--head-timeo
 Past the cap a request is answered at once, 503 in the OpenAI error shape with a
 ``Retry-After`` (the SDKs retry a 503 after it, and a Service's next connection may land
 on another replica), and its connection closed, its descriptor the process's again;
-counted in ``slopilot_connections_refused_total`` (no class: every path's). A request for
-generation refused so is a client owed a first token and given none, and the app counts
-it too (``CountRefusal``), in the series its SLO is judged on, as a 429 of a full queue:
-``slopilot serve`` as an arrival and a refusal of its class (``server/cap_refusals.py``),
-the meter as one of its class's (``Meter.count_cap_refusal``). The body is not read here,
-so its class is the priority header's, else the class a request naming none is served
-in: one named in the body alone is counted as that one. uvicorn's own ``limit_concurrency``
-answers a plain-text 503 to every path, the probes' too, and counts connections from
-their accept; nginx's ``limit_conn`` answers 503 too (its default status). The probes'
-and the scrape's paths (``EXEMPT_PATHS``) are answered past the cap, on a connection
-closed after the answer, so the kubelet does not kill a pod that is full, and
-Prometheus sees it full; so are connections to ``slopilot serve``'s admin port, where the
-operator applies a trial's knobs. A request body unread past the cap may make the close a reset
-the client sees instead of the 503, as with any server refusing before the body.
+counted in ``slopilot_connections_refused_total`` (no class: every path's). A request
+for generation refused so is a client owed a first token and given none, and the app
+counts it too (``CountRefusal``), in the series its SLO is judged on, as a 429 of a full
+queue: ``slopilot serve`` as an arrival, a refusal and a miss of its class
+(``server/cap_refusals.py``), the meter as those of its one class, ``--priority-class``
+(``Meter.count_cap_refusal``). The body is not read here, so on ``slopilot serve`` its
+class is the priority header's, else the class a request naming none is served in: one
+named in the body alone is counted as that one. /v1/models and the like count in none.
+uvicorn's own ``limit_concurrency`` answers a plain-text 503 to every path, the probes'
+too, and counts connections from their accept; nginx's ``limit_conn`` answers 503 too
+(its default status). The probes' and the scrape's paths (``EXEMPT_PATHS``) are answered
+past the cap, on a connection closed after the answer, so the kubelet does not kill a
+pod that is full, and Prometheus sees it full; so are connections to ``slopilot
+serve``'s admin port, where the operator applies a trial's knobs. A request body unread
+past the cap may make the close a reset the client sees instead of the 503, as with any
+server refusing before the body.
 """
 
 from __future__ import annotations
