@@ -33,17 +33,16 @@ import argparse
 import asyncio
 import itertools
 import json
-import re
 import socket
 import statistics
-import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from serving_latency import serve  # noqa: E402
+
 VOCAB = 128_256  # the simulated Llama-3-8B's
 CONTEXT = 8192
 
@@ -60,30 +59,6 @@ def body_of(shape: str) -> bytes:
     if shape == "batch":
         return json.dumps({**head, "prompt": [[1] * (CONTEXT - 1)] * 16}).encode()
     raise ValueError(f"shape={shape!r}: values, keys, logit_bias or batch")
-
-
-@contextmanager
-def serve(tree: Path) -> Iterator[tuple[str, int]]:
-    """``slopilot serve`` from ``tree``'s code (its own directory first on the path)."""
-    env = {"PYTHONPATH": str(tree), "PYTHONUNBUFFERED": "1", "PATH": "/usr/bin:/bin"}
-    proc = subprocess.Popen([sys.executable, "-m", "slopilot.cli", "serve", "--port", "0",
-                             "--executor", "simulated", "--log-level", "warning"],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            env=env, cwd=tree)
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        match = re.search(r"ready at http://([\d.]+):(\d+)", line)
-        if not match:
-            raise RuntimeError(f"the server in {tree} did not start: {line!r}")
-        yield match.group(1), int(match.group(2))
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
 
 
 async def _exchange(host: str, port: int, head: bytes, body: bytes = b"") -> bytes:
@@ -177,9 +152,10 @@ async def one_round(host: str, port: int, body: bytes, args: argparse.Namespace
 def measure(tree: Path, body: bytes, args: argparse.Namespace
             ) -> tuple[float, float, list[str]]:
     stalls, healths, statuses = [], [], []
-    with serve(tree) as (host, port):
+    with serve("--executor", "simulated", tree=tree) as url:
+        host, port = url.removeprefix("http://").rsplit(":", 1)
         for _ in range(args.rounds):
-            stall, health, status = asyncio.run(one_round(host, port, body, args))
+            stall, health, status = asyncio.run(one_round(host, int(port), body, args))
             stalls.append(stall)
             healths.append(health)
             statuses = status

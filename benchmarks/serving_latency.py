@@ -55,21 +55,23 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @contextmanager
 def serve(*args: str, env_extra: dict[str, str] | None = None,
-          launcher: Sequence[str] = ("-m", "slopilot.cli")) -> Iterator[str]:
-    """A ``slopilot serve`` process of this tree; yields its URL. ``launcher``: what
-    Python runs, given ``serve`` and its flags (``made_time_engine.py``: with one more
-    observer on the engine)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **(env_extra or {})}
+          launcher: Sequence[str] = ("-m", "slopilot.cli"), tree: Path = ROOT
+          ) -> Iterator[str]:
+    """A ``slopilot serve`` process of ``tree``'s code (this one's by default: another
+    tree's for a before/after run); yields its URL. ``launcher``: what Python runs, given
+    ``serve`` and its flags (``made_time_engine.py``: with one more observer on the
+    engine)."""
+    env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONUNBUFFERED": "1", **(env_extra or {})}
     proc = subprocess.Popen([sys.executable, *launcher, "serve", "--port", "0",
                              "--log-level", "warning", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            env=env, cwd=ROOT)
+                            env=env, cwd=tree)
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
         match = re.search(r"ready at (http://\S+)", line)
         if not match:
-            raise RuntimeError(f"the server did not start: {line!r}")
+            raise RuntimeError(f"the server in {tree} did not start: {line!r}")
         yield match.group(1)
     finally:
         proc.terminate()
