@@ -1,6 +1,8 @@
 """``spec.tuning.minClassRequests`` and ``spec.tuning.maxTrial``: the trial floor and the
 longest trial (docs/closed_loop.md, low traffic) reach the loop's ``ControllerSettings``;
-absent, the settings' own defaults, a trial never shorter than one window."""
+absent, the settings' own defaults, a trial never shorter than one window; and
+``spec.tuning.maxTrials``, which the hourly trial cap never cuts one episode short of
+(docs/operations.md, "spec.tuning")."""
 
 from __future__ import annotations
 
@@ -61,3 +63,14 @@ def test_a_bad_value_is_refused_by_field_value_and_fix(tuning: dict[str, Any],
     problems = [p for p in exc.value.problems if p.startswith(named)]
     assert problems, exc.value.problems
     assert any(w in problems[0] for w in ("e.g.", "use", "like", "expected")), problems
+
+
+def test_max_trials_above_the_hourly_default_raises_the_hourly_cap_with_it() -> None:
+    s = settings_of(maxTrials=40)
+    assert (s.max_trials, s.hourly_trials) == (40, 40)
+
+
+def test_by_default_30_trials_an_episode_and_30_an_hour() -> None:
+    s = settings_of()
+    assert (s.max_trials, s.hourly_trials) == (30, 30)
+    assert (settings_of(maxTrials=5).hourly_trials) == 30  # the hour still allows rounds
