@@ -65,6 +65,18 @@ def _values(prom: PrometheusServer, expr: str) -> list[float]:
     return [float(s["value"][1]) for s in answer["data"]["result"]]
 
 
+def _scraping(factory: Callable[..., PrometheusServer], srv: LiveServer,
+              tmp_path: Path) -> PrometheusServer:
+    """A Prometheus scraping ``srv`` with the SLO's rules, on short windows and holds:
+    the scrape, the rules and the alert settle in seconds."""
+    opts = RuleOptions(interval_s=1, rate_window_s=5, alert_for_s=1, tbt_periods=1,
+                       breach_window_s=5)
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(render_rules_yaml(SLO, SELECTOR["slopilot_deployment"], options=opts))
+    return factory(targets=[ScrapeTarget(
+        "engine", [srv.url.removeprefix("http://")], SELECTOR)], rule_files=[rules])
+
+
 @pytest.mark.prometheus
 @pytest.mark.slow
 def test_a_live_engine_turning_clients_away_reads_as_missing_its_ttft_slo(
@@ -74,14 +86,7 @@ def test_a_live_engine_turning_clients_away_reads_as_missing_its_ttft_slo(
     backend.metrics.set_slo(SLO)
     srv = start_server(backend)
     try:
-        # Short windows and holds: the scrape, the rules and the alert settle in seconds.
-        opts = RuleOptions(interval_s=1, rate_window_s=5, alert_for_s=1, tbt_periods=1,
-                           breach_window_s=5)
-        rules = tmp_path / "rules.yaml"
-        rules.write_text(render_rules_yaml(SLO, SELECTOR["slopilot_deployment"],
-                                           options=opts))
-        prom = prometheus_factory(targets=[ScrapeTarget(
-            "engine", [srv.url.removeprefix("http://")], SELECTOR)], rule_files=[rules])
+        prom = _scraping(prometheus_factory, srv, tmp_path)
         with _clients(srv, 4):
             wait_for(lambda: _values(prom, f"slopilot_requests_refused_total{{{P1}}} > 0"),
                      what="Prometheus to hold requests turned away")
@@ -142,13 +147,7 @@ def test_p0_refused_at_the_connection_cap_reads_as_missing_its_ttft_slo(
                        deadlines=Deadlines(keep_alive_s=3600.0))
     p0 = 'priority_class="p0"'
     try:
-        opts = RuleOptions(interval_s=1, rate_window_s=5, alert_for_s=1, tbt_periods=1,
-                           breach_window_s=5)
-        rules = tmp_path / "rules.yaml"
-        rules.write_text(render_rules_yaml(SLO, SELECTOR["slopilot_deployment"],
-                                           options=opts))
-        prom = prometheus_factory(targets=[ScrapeTarget(
-            "engine", [srv.url.removeprefix("http://")], SELECTOR)], rule_files=[rules])
+        prom = _scraping(prometheus_factory, srv, tmp_path)
         with contextlib.ExitStack() as stack:
             for _ in range(cap):  # idle keep-alive clients, each holding a slot
                 idle = stack.enter_context(httpx.Client(timeout=HANG_GUARD_S))
