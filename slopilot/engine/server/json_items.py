@@ -101,7 +101,9 @@ class JsonItems:
             return
         seam = self._tail + chunk[:_MARK_SPAN]
         self.may_hold_surrogate = any(m in chunk or m in seam for m in _SURROGATE_MARKS)
-        self._tail = chunk[-_MARK_SPAN:]
+        # The last bytes of all fed so far, not of this chunk alone: a chunk of one byte
+        # (``u`` between ``\\`` and ``d800``) left a seam that held no mark.
+        self._tail = (self._tail + chunk)[-_MARK_SPAN:]
 
 
 BODY_SCAN: ContextVar[JsonItems | None] = ContextVar("slopilot_body_scan", default=None)

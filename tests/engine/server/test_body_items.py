@@ -72,6 +72,23 @@ def test_a_surrogate_escape_is_noticed_across_a_chunk_cut() -> None:
     assert not plain.may_hold_surrogate
 
 
+@pytest.mark.parametrize("mark", [b"\\ud800", b"\\uDBFF", b"\xed\xa0\x80", b"\x00"])
+def test_a_surrogate_mark_is_noticed_however_the_chunks_cut_it(mark: bytes) -> None:
+    """Cut in two it was found; cut in three with a middle chunk of one byte (``\\``,
+    ``u``, ``d800``) the seam kept only that byte's chunk, missed the mark, and the walk
+    was skipped: a lone surrogate reached the tokenizer (a 500 where the body sent whole
+    got its 400). Every cut into pieces of 1-3 bytes, and into three anywhere."""
+    body = b'{"prompt": "ab' + mark + b'cd"}'
+    cuttings = [[body[i:i + size] for i in range(0, len(body), size)] for size in (1, 2, 3)]
+    cuttings += [[body[:a], body[a:b], body[b:]]
+                 for a in range(1, len(body)) for b in range(a + 1, len(body))]
+    for pieces in cuttings:
+        scan = JsonItems()
+        for piece in pieces:
+            scan.feed(piece)
+        assert scan.may_hold_surrogate, pieces
+
+
 class _CountedLoads:
     """``starlette.requests.json``: records the size of each body parsed."""
 
