@@ -212,3 +212,15 @@ def test_the_start_tick_is_not_overprinted_by_trial_0_on_a_long_study() -> None:
     assert ticks[0] == "start" and "0" not in ticks and "4" in ticks, ticks
     short = history_figure(trials[:3], start=MISSES, subject=SUBJECT)
     assert _ticks(short, short.axes[0])[:2] == ["start", "0"]
+
+
+def test_one_trial_beside_the_start_config_ticks_each_once() -> None:
+    """With one trial the axis spans less than a unit past 0, and MaxNLocator's ticks
+    there (0, 0.1, ...) each read "0": "start 0 0 0 0 0 0 0 0 0 0 0"."""
+    trials = [(0, MISSES)]
+    for fig in (history_figure(trials, start=MISSES, subject=SUBJECT),
+                terms_figure(trials, SLO, start=MISSES, subject=SUBJECT)):
+        for ax in fig.axes:
+            ticks = _ticks(fig, ax)
+            if ticks and ticks[0] == "start":
+                assert ticks == ["start", "0"], ticks

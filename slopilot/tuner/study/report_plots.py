@@ -98,8 +98,10 @@ def _whole_trials(ax: Any, start: bool = False) -> None:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         return
     lo, hi = ax.get_xlim()
-    trials = [t for t in MaxNLocator(integer=True).tick_values(max(lo, 0), hi)
-              if 0 <= t <= hi]
+    # Rounded and once each: over less than a unit MaxNLocator still ticks 0, 0.1, ...
+    # (each read "0").
+    trials = sorted({round(t) for t in MaxNLocator(integer=True).tick_values(max(lo, 0), hi)
+                     if 0 <= round(t) <= hi})
     if len(trials) > 1 and trials[1] - trials[0] > 2:
         trials = trials[1:]  # "start" and "0", a unit apart on a long axis, overprint
     ax.set_xticks([START, *trials])
