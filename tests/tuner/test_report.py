@@ -116,7 +116,7 @@ def test_the_history_of_a_study_where_nothing_holds_says_so_and_draws_no_phantom
     assert not missed.feasible
     fig = history_figure(results, subject=SUBJECT)
     ax = fig.axes[0]
-    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["misses it"]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["misses the SLO"]
     assert ax.get_title() == "Trial history: no trial holds the SLO"
 
 

@@ -176,7 +176,7 @@ def caption(img: str, results: Sequence[tuple[int, TrialResult]],
     headroom = " (with the headroom)" if margin else ""
     at_start = "" if start is None else (
         " The start config is drawn as the trials are, at the trial axis's \"start\": "
-        + ("green, it holds the SLO." if start.feasible else "a red cross, it misses it."))
+        + ("green, it holds the SLO." if start.feasible else "a red cross, it misses the SLO."))
     if img == "history.png":
         if any(r.feasible for _, r in results) or (start is not None and start.feasible):
             return (f"The objective per trial; green trials hold the SLO{headroom}, the line "

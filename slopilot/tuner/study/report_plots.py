@@ -131,7 +131,7 @@ def history_figure(results: Results, *, start: TrialResult | None = None,
                    label="holds the SLO")
     if bad:
         ax.scatter([n for n, _ in bad], [r.value for _, r in bad], c="tab:red",
-                   marker="x", label="misses it")
+                   marker="x", label="misses the SLO")
     if ok:
         best, running = [], -math.inf
         for _, r in results:
@@ -211,7 +211,10 @@ def terms_figure(results: Results, slo: SLOSpec, start: TrialResult | None = Non
                        c="tab:green", s=18, label="holds the SLO")
         if bad:
             ax.scatter([n for n, _ in measured(bad)], [ms(r) for _, r in measured(bad)],
-                       c="tab:red", marker="x", s=18, label="misses it")
+                       c="tab:red", marker="x", s=18,
+                       # The trial's outcome, drawn on every term's panel: a cross under
+                       # a panel's line missed on another term.
+                       label="misses the SLO (on this term or another)")
         ax.axhline(limit, c="black", lw=1, label=f"SLO {limit:g} ms")
         ax.text(0.01, limit, f" {limit:g} ms", transform=ax.get_yaxis_transform(),
                 va="bottom", fontsize=7)
