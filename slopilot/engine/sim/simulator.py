@@ -28,6 +28,7 @@ from slopilot.engine.sim.dispatch import Dispatcher
 from slopilot.engine.sim.scenario import Scenario
 from slopilot.engine.sim.stats import SimStats
 from slopilot.engine.sim.twin import cost_model_for, twin_label
+from slopilot.engine.sim.window_stats import Sliding, SlidingStats, WindowFigures
 from slopilot.engine.sim.workload import RequestSpec, Workload
 from slopilot.engine.window_summary import RunInfo, WindowSummary
 
@@ -88,6 +89,8 @@ class SimRun:
     stats: SimStats
     # Each replica's Prometheus exposition at the end (when asked for).
     metrics: list[bytes] = field(default_factory=list)
+    windows: list[WindowFigures] = field(default_factory=list)
+    """Each sliding window's figures, where ``simulate`` was asked for them."""
 
 
 class _Replica:
@@ -124,7 +127,7 @@ def simulate(scenario: Scenario, overrides: Mapping[str, Any] | None = None, *,
              observers: list[StepObserver] | None = None,
              check_integrity: bool = False, with_metrics: bool = False,
              measure: Measure | None = None, progress: ProgressFn | None = None,
-             until_judged: bool = False) -> SimRun:
+             until_judged: bool = False, sliding: Sliding | None = None) -> SimRun:
     """Run ``scenario`` with knob ``overrides`` in virtual time; returns its summary.
 
     By default arrivals stop at ``duration_s`` and the figures count the requests that
@@ -138,7 +141,9 @@ def simulate(scenario: Scenario, overrides: Mapping[str, Any] | None = None, *,
     drain sized for requests that live minutes then costs only what they take. The
     run-wide ones (``RunInfo``: rejections and prefix-cache hits over the whole run,
     warm-up included) cover the run as far as it went, and the engines are left as they
-    were then: leave it off to inspect them or their metrics at the horizon.
+    were then: leave it off to inspect them or their metrics at the horizon. ``sliding``
+    also measures each sliding window of the measured span (``SimRun.windows``, from the
+    same run: ``window_stats.py``).
     """
     config = scenario.engine_config().with_overrides(overrides or {})
     if measure is None:
@@ -148,7 +153,9 @@ def simulate(scenario: Scenario, overrides: Mapping[str, Any] | None = None, *,
     if num_replicas < 1:
         raise ValueError(f"replicas={num_replicas}: need at least one replica")
     stats = SimStats(scenario.slo, end_time=measure.end_s, start_time=measure.start_s,
-                     horizon=measure.horizon_s)
+                     horizon=measure.horizon_s) if sliding is None else SlidingStats(
+        scenario.slo, measure.end_s, sliding, start_time=measure.start_s,
+        horizon=measure.horizon_s)
     reps = []
     exporters: list[EngineMetrics] = []
     for i in range(num_replicas):
@@ -173,7 +180,9 @@ def simulate(scenario: Scenario, overrides: Mapping[str, Any] | None = None, *,
                   prefix_hit_rate=hits / queries if queries else 0.0,
                   twin=twin_label(scenario), calibrated=scenario.profile is not None)
     summary = stats.summary(measure.end_s - measure.start_s, run, replicas=num_replicas)
-    return SimRun(summary, [r.engine for r in reps], stats, [m.render() for m in exporters])
+    windows = stats.windows(run, num_replicas) if isinstance(stats, SlidingStats) else []
+    return SimRun(summary, [r.engine for r in reps], stats, [m.render() for m in exporters],
+                  windows)
 
 
 def _run(reps: list[_Replica], workload: Workload, duration: float, stats: SimStats,
