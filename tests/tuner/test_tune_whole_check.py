@@ -71,3 +71,31 @@ def test_whole_trace_that_misses_up_to_max_replicas_is_said_plainly(
     assert "whole trace" in out["verdict"] and f"{missed:.0f} ms" in out["verdict"], \
         out["verdict"]
     assert "--max-replicas" in out["verdict"]
+
+
+def _burst_then_quiet(path: Path) -> Path:
+    """The burst-minute trace, then 15 min of light P1 traffic (4 req/s of 100-token
+    prompts and 8-token answers, evenly spaced): the quiet requests outnumber the burst's,
+    so one P99 over the whole file falls among them while the burst minutes still miss."""
+    write_burst_minute(path)
+    tail = [f"{610.0 + i * 0.25:.3f},100,8,p1\n" for i in range(3600)]
+    with path.open("a") as f:
+        f.writelines(tail)
+    return path
+
+
+def test_a_quiet_tail_does_not_hide_the_burst_that_misses(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = _burst_then_quiet(tmp_path / "burst_then_quiet.csv")
+    out = _tune(trace, capsys, "--max-replicas", "4")
+    assert out["feasible"] is True, "the case needs windows that hold on 1 replica"
+    first = out["whole_trace"]["tried"][0]
+    assert first["replicas"] == 1
+    # Judged as the live alerts judge, over sliding windows of the study's length, the
+    # burst misses, and the verdict names the window where ...
+    assert first["holds"] is False, first
+    # ... where one P99 over the whole file holds: the quiet tail dilutes the burst.
+    assert first["whole_file_constraints"]["p1.ttft_p99"] <= -0.1, first
+    assert first["worst_window"] is not None and first["worst_window"] in out["verdict"]
+    assert out["recommended_replicas"] is not None and out["recommended_replicas"] > 1
+    assert out["whole_trace"]["window_s"] == 45.0

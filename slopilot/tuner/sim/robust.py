@@ -27,13 +27,13 @@ from typing import Any
 
 from slopilot.engine.sim.lifetimes import Lifetime, covering_s, request_lifetime, residency_s
 from slopilot.engine.sim.scenario import Scenario
-from slopilot.engine.sim.simulator import Measure, simulate
+from slopilot.engine.sim.simulator import Measure, SimRun, simulate
 from slopilot.engine.sim.trace import TraceRecord, TraceWorkload
 from slopilot.engine.sim.twin import kv_admits_tokens_for, servable_tokens_for
+from slopilot.engine.sim.window_stats import Sliding
 from slopilot.engine.sim.windows import WindowChoice, seed_windows, trace_windows
 from slopilot.engine.sim.workload_spec import TraceSpec
 from slopilot.engine.slo import SLOSpec
-from slopilot.engine.window_summary import WindowSummary
 from slopilot.tuner.study.objective import HEADROOM, TrialResult, WindowResult, score
 from slopilot.tuner.study.verdict import robust_verdict
 
@@ -219,12 +219,22 @@ class RobustEvaluator:
         engine = self.scenario.engine_config().with_overrides(config).to_dict()
         results = []
         for w in self.plan.windows:
-            summary = self._simulate(w, engine)
+            summary = self._simulate(w, engine).summary
             results.append(WindowResult(w.name, w.describe(),
                                         score(summary, self._slo, config=dict(config))))
         return robust_verdict(config, results, self.margin)
 
-    def _simulate(self, w: WindowChoice, engine: Mapping[str, Any]) -> WindowSummary:
+    def replay(self, config: Mapping[str, Any], sliding: Sliding) -> SimRun:
+        """The plan's one window (the whole trace: ``plan_windows(whole=True)``) run with
+        ``config``, each sliding window of it measured too (``SimRun.windows``)."""
+        if len(self.plan.windows) != 1:
+            raise ValueError(f"plan.kind={self.plan.kind!r} has {len(self.plan.windows)} "
+                             "windows: replay runs a plan of one (plan_windows(whole=True))")
+        engine = self.scenario.engine_config().with_overrides(config).to_dict()
+        return self._simulate(self.plan.windows[0], engine, sliding)
+
+    def _simulate(self, w: WindowChoice, engine: Mapping[str, Any],
+                  sliding: Sliding | None = None) -> SimRun:
         measure = Measure(w.warmup_s, w.warmup_s + w.length_s,
                           w.warmup_s + w.length_s + w.drain_s)
         base, planned = self.simulated_s, self._planned_s
@@ -243,12 +253,12 @@ class RobustEvaluator:
         # windows whose requests take it (the window's figures are the same either way).
         run = simulate(self.scenario, engine, replicas=self.replicas,
                        seed=w.seed, measure=measure, workload=workload, progress=tick,
-                       until_judged=True)
+                       until_judged=True, sliding=sliding)
         self.simulated_s = base + reached
         self._planned_s = planned + measure.horizon_s
         if self.progress is not None:
             self.progress(self._planned_s)
-        return run.summary
+        return run
 
     def _trace_slice(self, w: WindowChoice) -> TraceWorkload:
         """The records from the warm-up's start to the horizon, re-based to 0."""

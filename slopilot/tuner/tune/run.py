@@ -193,7 +193,8 @@ def _whole_check(s: TuneSettings, evaluator: RobustEvaluator, plan: WindowPlan,
         return None
     whole = plan_windows(s.scenario, whole=True, warmup_s=s.warmup_s, config=start_config,
                          replicas=s.replicas)
-    return whole_check(evaluator, whole, config, replicas, s.max_replicas, note=note)
+    return whole_check(evaluator, whole, config, replicas, s.max_replicas, note=note,
+                       window_s=plan.windows[0].length_s)
 
 
 def _share(r: TrialResult) -> str:
