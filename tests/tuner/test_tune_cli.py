@@ -34,7 +34,7 @@ slo:
 """
 
 TOP_KEYS = {"scenario", "twin", "study", "sampler", "trials", "replicas", "duration_s",
-            "windows_kind", "windows", "judged_on", "margin", "feasible", "verdict",
+            "windows_kind", "windows", "judged_on", "margin", "feasible", "holds", "verdict",
             "violations", "recommended_replicas", "config", "changes", "capacity",
             "best_trial", "best_candidate", "best",
             "start", "start_fitted", "top", "command", "check_command", "timing", "warnings",

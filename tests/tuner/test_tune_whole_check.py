@@ -52,6 +52,7 @@ def test_windows_that_hold_where_the_whole_trace_misses_step_up_the_replicas(
     assert [t["replicas"] for t in whole["tried"]][:1] == [1]
     assert whole["tried"][0]["holds"] is False
     assert whole["holds"] is True and out["recommended_replicas"] == whole["replicas"] > 1
+    assert out["holds"] is True
     # What the check command replays holds, and the verdict gives its figures.
     held = _whole_p1_ttft_ms(trace, config, whole["replicas"])
     assert held <= 500.0 * 0.9
@@ -71,6 +72,13 @@ def test_whole_trace_that_misses_up_to_max_replicas_is_said_plainly(
     assert "whole trace" in out["verdict"] and f"{missed:.0f} ms" in out["verdict"], \
         out["verdict"]
     assert "--max-replicas" in out["verdict"]
+    # The top-level verdict is the whole trace's: nothing holds, as where no config holds
+    # in the windows; ``feasible`` stays the windows' own word, documented so.
+    assert out["holds"] is False and out["feasible"] is True
+    assert out["config"] is None and out["changes"] is None
+    # Nothing is kept either: no "keep the start config" beside "nothing is recommended".
+    assert "keep the start config" not in out["verdict"], out["verdict"]
+    assert "nothing is recommended" in out["verdict"]
 
 
 def _burst_then_quiet(path: Path) -> Path:

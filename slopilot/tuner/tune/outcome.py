@@ -111,4 +111,12 @@ class TuneOutcome:
 
     @property
     def feasible(self) -> bool:
+        """The windows' verdict: the best config holds in every window on --replicas."""
         return self.best.result.feasible
+
+    @property
+    def holds(self) -> bool:
+        """The run's verdict: a config and a count are recommended that hold the SLO (in
+        every window, and over the whole trace where it was replayed); False where
+        nothing is, whichever judgement found nothing."""
+        return self.recommended_replicas is not None and self.config is not None

@@ -1,6 +1,10 @@
 """What ``slopilot tune`` prints: tables and the verdict, or one JSON object.
 
-The JSON keys: ``feasible``, ``violations`` (each in user units), ``recommended_replicas``
+The JSON keys: ``holds`` (the verdict: true where a config and a count that hold the SLO
+are recommended, in every window and over the whole trace where it was replayed; false
+where nothing is), ``feasible`` (the windows' verdict alone: the best config holds in
+every window on ``replicas``, whatever the whole-trace replay then found),
+``violations`` (each in user units), ``recommended_replicas``
 and ``config`` (what to run), ``changes`` (the knobs ``config`` changes from the start
 config; ``{}``: keep it), ``windows`` and ``duration_s`` (what each trial was judged on),
 ``capacity`` (the search, when one ran), ``best`` (the best config on the replicas tuned
@@ -91,7 +95,7 @@ def as_dict(outcome: TuneOutcome, report: Path | None) -> dict[str, Any]:
         "duration_s": outcome.plan.windows[0].length_s, "windows_kind": outcome.plan.kind,
         "windows": [dataclasses.asdict(w) for w in outcome.plan.windows],
         "judged_on": outcome.plan.describe(), "margin": outcome.start.margin,
-        "feasible": outcome.feasible, "verdict": outcome.sentence,
+        "feasible": outcome.feasible, "holds": outcome.holds, "verdict": outcome.sentence,
         "violations": [v.to_dict() for v in outcome.violations],
         "recommended_replicas": outcome.recommended_replicas,
         "config": None if outcome.config is None else dict(outcome.config),

@@ -71,6 +71,12 @@ def _kept(outcome: TuneOutcome) -> str | None:
 def _notes(outcome: TuneOutcome) -> list[str]:
     fitted = outcome.settings.start.note()
     notes = [] if fitted is None else [fitted[:1].upper() + fitted[1:] + "."]
+    whole = outcome.whole
+    if whole is not None and not whole.holds:
+        # The plots colour each config by its windows; the verdict is the whole trace's.
+        notes.append(f"The plots judge each config in the study's windows only: one drawn "
+                     f"as holding the SLO there missed over the whole trace on every count "
+                     f"up to --max-replicas {whole.max_replicas} (the verdict above).")
     return notes + [f"Warning: {w}" for w in outcome.warnings]
 
 

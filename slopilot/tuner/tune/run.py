@@ -260,10 +260,12 @@ def _outcome(s: TuneSettings, plan: WindowPlan, tuner: Tuner, start: TrialResult
             sentence = sentence.replace("holds the SLO in every window",
                                         "held the SLO in every window").replace(
                 "hold the SLO in every window", "held the SLO in every window")
-        sentence += " " + whole.clause(replicas)
-        replicas = whole.replicas
+        windows_replicas, replicas = replicas, whole.replicas
         if replicas is None:
+            # Nothing is recommended: nothing is kept either.
+            sentence = sentence.replace(": keep the start config, no knob changes.", ".")
             config = None
+        sentence += " " + whole.clause(windows_replicas)
     if s.too_long is not None and s.too_long.warns:
         sentence = _unjudged(sentence, s.too_long)
     changes = None if config is None else {
