@@ -85,7 +85,9 @@ def build(kube: Kube, handle: KubeDeploymentHandle, body: Mapping[str, Any],
             f"the reclaim of studies left by deleted CRs reads): {type(exc).__name__}: "
             f"{exc}; the study is opened once it is") from None
     ctx = DaemonContext(kube, handle, spec, meta["namespace"], meta["name"],
-                        controller_settings(spec, meta["namespace"], meta["name"]), state,
+                        controller_settings(spec, meta["namespace"], meta["name"],
+                                            trials_per_hour_ceiling=policy.max_trials_per_hour),
+                        state,
                         policy.study_storage(spec, namespace=meta["namespace"]),
                         uid=str(meta.get("uid", "")),
                         namespace_label=policy.namespace_label,

@@ -20,13 +20,14 @@ from typing import TYPE_CHECKING, cast
 from slopilot.operator.engine_deployment import progress_deadline_s
 from slopilot.operator.kube_handle import KubeDeploymentHandle
 from slopilot.operator.kubeapi import Kube
+from slopilot.operator.policy import DEFAULT_MAX_TRIALS_PER_HOUR
 from slopilot.operator.settings import PROMETHEUS_CA_ENV
 from slopilot.operator.spec import Backend, LLMDeploymentSpec, Phase
 from slopilot.operator.twin_profile import TwinChoice
 from slopilot.tuner.loop.controller import Controller
 from slopilot.tuner.loop.errors import ControllerError
 from slopilot.tuner.loop.metrics import TunerMetrics
-from slopilot.tuner.loop.settings import ControllerSettings
+from slopilot.tuner.loop.settings import DEFAULT_TRIALS_PER_HOUR, ControllerSettings
 from slopilot.tuner.loop.state import ControllerState, LoopState
 from slopilot.tuner.prometheus.tls import VERIFIED, CAFileError, TLSVerify
 
@@ -166,8 +167,12 @@ comes, comes first (a tick or two late at most), and the bound ends only the wai
 never ends."""
 
 
-def controller_settings(spec: LLMDeploymentSpec, namespace: str, name: str
+def controller_settings(spec: LLMDeploymentSpec, namespace: str, name: str, *,
+                        trials_per_hour_ceiling: int = DEFAULT_MAX_TRIALS_PER_HOUR
                         ) -> ControllerSettings:
+    # The hour's trials: the loop's own cap, raised with maxTrials so one episode can run
+    # them all, but never over the administrator's ceiling (``OperatorPolicy``), as each
+    # trial loads what tenants share.
     # vLLM cannot reconfigure one replica: its trials roll every replica. A replica a
     # scale bought is waited for as long as the Deployment waits for a rollout's: the
     # model's startupTimeout, then the time to schedule and pull.
@@ -176,7 +181,10 @@ def controller_settings(spec: LLMDeploymentSpec, namespace: str, name: str
         deployment=name, namespace=namespace, slo=spec.slo,
         min_replicas=max(spec.min_replicas, 1),
         max_replicas=spec.max_replicas, window_s=spec.tuning.window_s,
-        max_trials=spec.tuning.max_trials, breach_window_s=spec.alerts.breach_window_s,
+        max_trials=spec.tuning.max_trials,
+        max_trials_per_hour=min(trials_per_hour_ceiling,
+                                max(DEFAULT_TRIALS_PER_HOUR, spec.tuning.max_trials)),
+        breach_window_s=spec.alerts.breach_window_s,
         min_class_requests=spec.tuning.min_class_requests,
         max_trial_s=spec.tuning.max_trial_s,
         canary=spec.tuning.canary and spec.backend is Backend.BUILTIN,

@@ -37,6 +37,11 @@ administrator's word on top of it, set once on the operator (environment variabl
   an ingress gateway's namespace). No CR field widens it: a tenant admits another
   namespace to its own engines with a NetworkPolicy of its own in its namespace, which
   no other team's policy (nor this operator) can write there.
+- live trials an hour (``max_trials_per_hour``): the most any one CR's loop starts in an
+  hour, whatever its ``spec.tuning.maxTrials`` (which raises the loop's own cap of 30 with
+  it, up to here): each trial loads what tenants share (the cluster's Prometheus, the
+  study storage, on vLLM a rollout of every replica with its surge GPUs). A CR asking
+  more is told (``trial_ceiling_warning``).
 """
 
 from __future__ import annotations
@@ -84,6 +89,13 @@ TOLERATIONS_ENV = "SLOPILOT_ALLOWED_TOLERATIONS"
 SYSTEM_PRIORITY = "system-"
 """The prefix of the cluster's own PriorityClasses (system-cluster-critical,
 system-node-critical): Kubernetes reserves it, and no tenant's pod may take one."""
+MAX_TRIALS_PER_HOUR_ENV = "SLOPILOT_MAX_TRIALS_PER_HOUR"
+DEFAULT_MAX_TRIALS_PER_HOUR = 60
+"""Twice the loop's own hourly default (30): a CR that leaves maxTrials at its default
+(30), or raises it to 60, still runs a whole episode in one hour, as before the ceiling;
+only a CR asking more (the CRD allows 1000) is held to it. At the default 2-minute window
+60 trials are about what one loop can start in an hour anyway (a trial is at least one
+window, plus its rollout), so the ceiling binds on short windows and large maxTrials."""
 DEFAULT_TOLERATIONS = ("nvidia.com/gpu",)
 """The taint GPU nodes commonly carry (GKE's, the NVIDIA GPU operator's guidance), which
 a GPU deployment must tolerate to run at all; it keeps CPU pods off GPUs, no team's
@@ -101,6 +113,38 @@ def check_dcgm_namespace(value: str) -> str:
                           "unset it to read its series only where they are scraped with "
                           "honorLabels")
     return value
+
+
+def parse_trials_per_hour(raw: str) -> int:
+    """``$SLOPILOT_MAX_TRIALS_PER_HOUR`` as a count, or a PolicyError naming it, the value
+    and the fix. Checked at the start: a typo would otherwise cap every loop by surprise."""
+    text = raw.strip()
+    value = int(text) if text.isascii() and text.isdigit() else 0
+    if value < 1:
+        raise PolicyError(f"{MAX_TRIALS_PER_HOUR_ENV}={raw[:80]!r} is not a positive whole "
+                          "number: set it to the most live trials one LLMDeployment's loop "
+                          f"may start in an hour, e.g. {DEFAULT_MAX_TRIALS_PER_HOUR}, or "
+                          f"unset it for the default {DEFAULT_MAX_TRIALS_PER_HOUR}")
+    return value
+
+
+def trial_ceiling_warning(spec: LLMDeploymentSpec, policy: OperatorPolicy) -> str | None:
+    """What a CR whose ``spec.tuning.maxTrials`` is over the administrator's ceiling is
+    told (None: it is not, or it does not tune): its episodes end on the hour's cap before
+    their own, so they never reach the verdict that no config holds."""
+    tuning = spec.tuning
+    ceiling = policy.max_trials_per_hour
+    if not tuning.enabled or tuning.max_trials <= ceiling:
+        return None
+    return (f"spec.tuning.maxTrials={tuning.max_trials} is more than the operator's "
+            f"ceiling of {ceiling} live trials an hour (${MAX_TRIALS_PER_HOUR_ENV}): an "
+            f"episode ends once {ceiling} trials started in the last hour "
+            "(trial_rate_limit), committing the best config that held, or, where none "
+            "held, keeping its starting config and buying no replica on a sample cut "
+            "short; an alert still firing starts a new episode once the hour allows "
+            f"trials again. Lower maxTrials to {ceiling} or less for an episode to reach "
+            "its verdict, or ask the cluster admin to raise "
+            f"{MAX_TRIALS_PER_HOUR_ENV}")
 
 
 def _engine_repositories(images: Images) -> tuple[str, ...]:
@@ -173,6 +217,12 @@ class OperatorPolicy:
     """Further peers admitted to every engine's ``http`` port, whatever its namespace
     (``$SLOPILOT_ENGINE_INGRESS_PEERS``; an ingress gateway's namespace). Empty (the
     default): its own namespace's pods and Prometheus alone."""
+    max_trials_per_hour: int = DEFAULT_MAX_TRIALS_PER_HOUR
+    """The most live trials any one CR's loop starts in an hour
+    (``$SLOPILOT_MAX_TRIALS_PER_HOUR``; ``hourly_trials``). No CR field raises it: each
+    trial queries the shared Prometheus, writes the shared study storage and, on vLLM,
+    rolls every replica, and one tenant's ``maxTrials: 1000`` on a short window would
+    otherwise start over a hundred an hour."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "image_allow_list", _engine_repositories(self.images)
@@ -187,6 +237,10 @@ class OperatorPolicy:
         object.__setattr__(self, "storage_rules", rules)
         if self.dcgm_namespace is not None:
             check_dcgm_namespace(self.dcgm_namespace)
+        ceiling = self.max_trials_per_hour
+        if isinstance(ceiling, bool) or not isinstance(ceiling, int) or ceiling < 1:
+            raise PolicyError(f"{MAX_TRIALS_PER_HOUR_ENV}={ceiling!r}: expected a positive "
+                              f"count, e.g. {DEFAULT_MAX_TRIALS_PER_HOUR}")
         if not self.prometheus_peers:
             raise PolicyError(NO_PROMETHEUS_PEER)
         for setting, peers in ((PROMETHEUS_PEERS_ENV, self.prometheus_peers),

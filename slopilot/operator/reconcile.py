@@ -69,7 +69,7 @@ from slopilot.operator.ownership import (
     other_controller,
     refs_to_write,
 )
-from slopilot.operator.policy import OperatorPolicy, policy_problems
+from slopilot.operator.policy import OperatorPolicy, policy_problems, trial_ceiling_warning
 from slopilot.operator.quantity import same_quantity
 from slopilot.operator.render import render_all
 from slopilot.operator.service_monitor import latency_sources
@@ -450,6 +450,10 @@ def reconcile(kube: Kube, body: Mapping[str, Any], *, policy: OperatorPolicy,
     if problems := policy_problems(spec, policy, namespace=body["metadata"]["namespace"]):
         return Outcome(problems=tuple(problems), refusal=Refusal.NOT_ALLOWED,
                        warnings=spec.warnings)
+    if (capped := trial_ceiling_warning(spec, policy)) is not None:
+        # Said where the spec's own warnings are (the SpecWarning event, the Valid
+        # condition's message): a bound the administrator applies to what it asked.
+        spec = dataclasses.replace(spec, warnings=(*spec.warnings, capped))
     if problems := object_problems(body, spec):
         return Outcome(problems=tuple(problems), refusal=Refusal.OWNED_OBJECT_INVALID,
                        warnings=spec.warnings)

@@ -44,6 +44,9 @@
 - ``$SLOPILOT_DCGM_NAMESPACE``: the namespace the DCGM exporter runs in, so the rules
   read its series scraped without honorLabels too (policy.py); a value that is no
   namespace name stops the start.
+- ``$SLOPILOT_MAX_TRIALS_PER_HOUR``: the most live trials one CR's loop starts in an
+  hour (default 60), whatever its ``spec.tuning.maxTrials`` (policy.py); a value that is
+  no positive whole number stops the start.
 - How an ``https`` Prometheus's certificate is checked (``prometheus_tls``): verified by
   default; ``$SLOPILOT_PROMETHEUS_CA_FILE`` names a PEM bundle of the CAs to trust
   instead (read here, so a bad file stops the start with the fix; then again at each
@@ -72,11 +75,13 @@ from slopilot.operator.network_peers import (
 )
 from slopilot.operator.policy import (
     DCGM_NAMESPACE_ENV,
+    MAX_TRIALS_PER_HOUR_ENV,
     PRIORITY_CLASSES_ENV,
     TOLERATIONS_ENV,
     OperatorPolicy,
     PolicyError,
     check_dcgm_namespace,
+    parse_trials_per_hour,
 )
 from slopilot.operator.render import DEFAULT_OPERATOR_NAMESPACE
 from slopilot.operator.study_storage import shared_with_namespaces
@@ -173,6 +178,8 @@ def operator_policy(env: Mapping[str, str] | None = None) -> OperatorPolicy:
         # Checked here, so the message is this variable's alone (the allow-lists' below
         # say which of theirs).
         kwargs["dcgm_namespace"] = check_dcgm_namespace(dcgm)
+    if (ceiling := env.get(MAX_TRIALS_PER_HOUR_ENV, "")).strip():
+        kwargs["max_trials_per_hour"] = parse_trials_per_hour(ceiling)
     try:
         policy = OperatorPolicy(**kwargs)  # type: ignore[arg-type]
     except PolicyError as exc:
