@@ -277,7 +277,9 @@ def _spec_schema() -> dict[str, Any]:
                 "longer; thin traffic that must still be retuned needs a longer one.",
                 MIN_WINDOW_S, MAX_TRIAL_S),
             "maxTrials": _int("Trials per tuning round; the loop starts at most 30 trials "
-                              "an hour, or maxTrials where that is more.", 1, 1000,
+                              "an hour, or maxTrials where that is more, up to the "
+                              "operator's SLOPILOT_MAX_TRIALS_PER_HOUR (default 60).",
+                              1, 1000,
                               default=30),
             "canary": {"type": "boolean", "default": True,
                        "description": "Run trials on one replica when there are several."},
