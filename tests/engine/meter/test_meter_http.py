@@ -249,19 +249,14 @@ def test_past_the_cap_a_request_is_refused_and_the_scrape_still_answers(
         assert b"retry-after: 1" in head.lower()
         assert json.loads(body)["error"]["code"] == "too_many_connections"
         assert len(meter.upstream.requests) == 2  # never reached vLLM
-        with socket.create_connection(("127.0.0.1", meter.port)) as sock:
-            sock.settimeout(HANG_GUARD_S)
-            sock.sendall(b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n")
-            answer = b""
-            while got := sock.recv(65536):
-                answer += got
+        answer = _answer_to_close(meter.port, b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n")
         assert answer.startswith(b"HTTP/1.1 200 "), answer[:300]
         assert b"vllm:num_requests_running 0" in answer
         assert b"slopilot_connections_refused_total 1.0" in answer
         assert b"slopilot_connections_held 2.0" in answer
 
 
-def _refused_answer(port: int, request: bytes) -> bytes:
+def _answer_to_close(port: int, request: bytes) -> bytes:
     """``request`` on a connection of its own, the answer read to the close (a reset may
     take the 503's place: the body is unread at the cap)."""
     answer = b""
@@ -296,9 +291,9 @@ def test_a_generation_refused_at_the_cap_counts_in_the_meters_class(
         for request in (_completion(), chat,
                         _completion().replace(b"host: x\r\n",
                                               b"host: x\r\nx-slopilot-priority: p2\r\n")):
-            answer = _refused_answer(meter.port, request)
+            answer = _answer_to_close(meter.port, request)
             assert answer == b"" or answer.startswith(b"HTTP/1.1 503 "), answer[:300]
-        answer = _refused_answer(meter.port, b"GET /v1/models HTTP/1.1\r\nhost: x\r\n\r\n")
+        answer = _answer_to_close(meter.port, b"GET /v1/models HTTP/1.1\r\nhost: x\r\n\r\n")
         assert answer.startswith(b"HTTP/1.1 503 "), answer[:300]
         wait_for(lambda: cap.refused == 4, what="four refusals at the cap")
         assert len(meter.upstream.requests) == 2  # none reached vLLM
@@ -309,12 +304,7 @@ def test_a_generation_refused_at_the_cap_counts_in_the_meters_class(
         assert METER_REFUSED in VLLM_LATENCY.ttft.engine.never
         assert VLLM_LATENCY.ttft.client is not None
         assert METER_REFUSED in VLLM_LATENCY.ttft.client.never
-        with socket.create_connection(("127.0.0.1", meter.port)) as sock:
-            sock.settimeout(HANG_GUARD_S)
-            sock.sendall(b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n")
-            scraped = b""
-            while got := sock.recv(65536):
-                scraped += got
+        scraped = _answer_to_close(meter.port, b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n")
         text = scraped.decode()
         assert f'{METER_REFUSED}{{model_name="",priority_class="p0"}} 3.0' in text, \
             [ln for ln in text.splitlines() if "refused" in ln]
