@@ -29,7 +29,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from slopilot.engine.server.errors import APIError
-from slopilot.engine.server.json_items import BODY_SCAN, JsonItems
+from slopilot.engine.json_items import BODY_SCAN, JsonItems
 from slopilot.engine.server.protocol import MAX_CHOICES
 
 # Room for a full 128k-token context as token ids in a batch of prompts, or as text of

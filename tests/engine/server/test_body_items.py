@@ -17,7 +17,7 @@ import pytest
 import starlette.requests
 
 from slopilot.engine.server import protocol, serving, stepped_json
-from slopilot.engine.server.json_items import JsonItems
+from slopilot.engine.json_items import JsonItems
 from slopilot.engine.server.protocol import MAX_CHOICES
 from slopilot.engine.server.request_limits import body_items_bound
 from tests.support.live_server import LiveServer, build_backend, start_server
