@@ -1,6 +1,7 @@
 """The values of a JSON body counted from its raw bytes as they arrive, before any of it
 is parsed: the work ``json.loads`` and pydantic will do is bounded by that count, and a
-body past the bound is refused unparsed (``request_limits.BodyLimit``).
+body past the bound is refused unparsed (``body_items``: by the server's
+``request_limits.BodyLimit`` and by the meter).
 
 What costs in parsing a body is the values it makes, not its bytes: 16.5 MB of one ignored
 field ``[1, 1, ...]`` (5.5 million items) took ``json.loads`` 0.6-1.8 s and pydantic's

@@ -111,7 +111,7 @@ def create_app(backend: Backend, *, admin_token: str | AdminCredential | None = 
     client's to name and Authorization is ignored.
 
     A request body over ``max_body_bytes``, or of more JSON items than a request to this
-    model can need (``request_limits.body_items_bound``), is answered 413 while it is
+    model can need (``body_items.body_items_bound``), is answered 413 while it is
     being read.
     ``wall_clock`` (Unix seconds) stamps the server's start: /v1/models' ``created``.
 

@@ -25,8 +25,8 @@ from pydantic import (
 )
 
 from slopilot.engine.executors.tokenizer import RENDER_VARIABLES
-from slopilot.engine.server import unhonoured_fields
 from slopilot.engine.json_items import surrogate_free
+from slopilot.engine.server import unhonoured_fields
 
 MAX_STOP_STRINGS = 16
 # Every stop string is searched for at each token of each choice, on the event loop, for

@@ -10,7 +10,7 @@ Content-Length when it gives one, else as soon as the bytes received pass the ca
 GIL-holding call of ``json.loads`` and one of pydantic, on the event loop (on a thread
 as well: neither lets go of the GIL), and its cost is its values, not its bytes: 16.5 MB
 of one ignored field ``[1, 1, ...]`` held every stream for 2-5 s. The items bound is what
-the deployment can serve (``body_items_bound``): a batch of token-id prompts filling the
+the deployment can serve (``body_items.body_items_bound``): a batch of token-id prompts filling the
 context, a full-vocabulary ``logit_bias``; past it the body is refused unparsed.
 ``max_token_bytes`` derives, once per tokenizer, the most UTF-8 bytes one token can stand
 for; a prompt of more than ``(max_model_len - 1) * that`` bytes needs more tokens than
@@ -19,18 +19,16 @@ the context holds, whatever it says, so it is refused untokenized.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from slopilot.engine.server.errors import APIError
+from slopilot.engine.body_items import ItemLimit, within
 from slopilot.engine.json_items import BODY_SCAN, JsonItems
-from slopilot.engine.server.protocol import MAX_CHOICES
+from slopilot.engine.server.errors import APIError
 
 # Room for a full 128k-token context as token ids in a batch of prompts, or as text of
 # long tokens, with JSON around it; far below what a worker can hold a few of at once.
@@ -45,58 +43,9 @@ def _too_large(size: str, limit: int, hint: str) -> str:
     return f"the request body is {size} bytes; this server accepts at most {limit} bytes {hint}"
 
 
-# Per token of context: a prompt of token ids is one item a token, a chat message an
-# object of two members (role, content) and its content parts three each, and each
-# message or part costs at least a token of text or template; 16 is that with room,
-# and as many as the batch of prompts a completions request may send (MAX_CHOICES).
-ITEMS_PER_CONTEXT_TOKEN = MAX_CHOICES
-# Token ids named once each: logit_bias (a key and its value one member) and
-# stop_token_ids, each at most the vocabulary.
-ITEMS_PER_VOCAB_TOKEN = 2
-# Every other field: 16 stop strings, chat_template_kwargs, stream_options, the flags.
-OTHER_ITEMS = 1 << 16
-SCAN_STEP = 64 << 10
-"""The most bytes of one ASGI message counted before the loop is let run: some 3 ms of
-JSON dense with short strings (800,000 keys), 0.1-0.5 ms of numbers or text. uvicorn
-hands a body over as the socket gives it, often more than this at once, an in-process
-client (a test's) all of it."""
-
-
-def body_items_bound(max_model_len: int, vocab_size: int) -> int:
-    """The most JSON items (array items and object members, ``json_items``) a servable
-    request's body needs, for a model of ``max_model_len`` tokens of context and
-    ``vocab_size`` token ids."""
-    return (ITEMS_PER_CONTEXT_TOKEN * max_model_len + ITEMS_PER_VOCAB_TOKEN * vocab_size
-            + OTHER_ITEMS)
-
-
 class BodyTooLarge(HTTPException):
     """Raised from ``receive`` while FastAPI reads the body: it re-raises an
     HTTPException as it is (any other error there becomes a 400 "error parsing")."""
-
-
-@dataclass(frozen=True)
-class ItemLimit:
-    """The JSON items a body may hold (``body_items_bound``) for a model of
-    ``max_model_len`` tokens of context and ``vocab_size`` token ids."""
-
-    max_model_len: int
-    vocab_size: int
-
-    @property
-    def max_items(self) -> int:
-        return body_items_bound(self.max_model_len, self.vocab_size)
-
-    def refusal(self) -> BodyTooLarge:
-        return BodyTooLarge(
-            413, f"the request body holds more than {self.max_items:,} JSON values (array "
-            f"items and object members); this server reads at most {self.max_items:,} "
-            f"JSON values: {ITEMS_PER_CONTEXT_TOKEN} per token of its "
-            f"{self.max_model_len:,}-token context (a batch of prompts of token ids, a "
-            f"chat's messages), {ITEMS_PER_VOCAB_TOKEN} per token of its "
-            f"{self.vocab_size:,}-token vocabulary (logit_bias, stop_token_ids) and "
-            f"{OTHER_ITEMS:,} for the other fields: leave out fields the API does not "
-            "read, and send each prompt within the context")
 
 
 class BodyLimit:
@@ -152,13 +101,10 @@ class BodyLimit:
 
 
 async def _count(scan: JsonItems, chunk: bytes, items: ItemLimit) -> None:
-    """``chunk`` counted into ``scan``, ``SCAN_STEP`` bytes a step; the 413 past the bound."""
-    bound = items.max_items
-    for start in range(0, len(chunk), SCAN_STEP):
-        if start:
-            await asyncio.sleep(0)  # the loop runs between two steps of a long chunk
-        if scan.feed(chunk[start:start + SCAN_STEP]) > bound:
-            raise items.refusal()
+    """``chunk`` counted into ``scan`` in steps (``body_items.within``); the 413 past the
+    bound."""
+    if not await within(scan, chunk, items.max_items):
+        raise BodyTooLarge(413, items.message())
 
 
 def _content_length(scope: Scope) -> int | None:

@@ -4,7 +4,7 @@ FastAPI parses every body of the inference routes here (``SteppedJSONRoute``).
 ``json.loads`` is one call that holds the GIL to its end, on the event loop or on a
 worker thread alike (measured: 5.5 million values, 0.59 s on the loop, 0.61 s of the
 loop's ticks stopped from a thread), and every stream's next chunk waits for it. The
-body's items are bounded before it is parsed (``request_limits.ItemLimit``), but a body
+body's items are bounded before it is parsed (``body_items.ItemLimit``), but a body
 a deployment serves may still be large: 16 prompts of a 128k context as token ids took
 146 ms, a full-vocabulary ``logit_bias`` 72-120 ms. ``json_steps.loads`` (the meter's)
 parses it in parts of at most ``STEP_BYTES`` a step, its value and its errors

@@ -16,10 +16,10 @@ import httpx
 import pytest
 import starlette.requests
 
-from slopilot.engine.server import protocol, serving, stepped_json
+from slopilot.engine.body_items import body_items_bound
 from slopilot.engine.json_items import JsonItems
+from slopilot.engine.server import protocol, serving, stepped_json
 from slopilot.engine.server.protocol import MAX_CHOICES
-from slopilot.engine.server.request_limits import body_items_bound
 from tests.support.live_server import LiveServer, build_backend, start_server
 from tests.support.waits import HANG_GUARD_S
 
@@ -250,3 +250,11 @@ def test_a_lone_surrogate_in_a_utf16_body_is_still_named(server: LiveServer) -> 
     res = _post(server, body)
     assert res.status_code == 400, res.text
     assert res.json()["error"]["param"] == "stop.0"
+
+
+def test_the_bound_has_room_for_the_largest_batch_of_prompts() -> None:
+    """The engine package's bound (which the meter imports, and so may not import the
+    server) names a token of context as many times as a completions batch may."""
+    from slopilot.engine.body_items import ITEMS_PER_CONTEXT_TOKEN
+
+    assert ITEMS_PER_CONTEXT_TOKEN >= MAX_CHOICES
