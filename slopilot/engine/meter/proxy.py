@@ -52,9 +52,11 @@ from collections.abc import AsyncIterator, Callable
 import httpx
 
 from slopilot.engine.awaiting import past_target
+from slopilot.engine.body_items import ItemLimit, within
 from slopilot.engine.connection_cap import ConnectionCap
 from slopilot.engine.http_arrival import SCOPE_KEY
 from slopilot.engine.http_deadlines import DISCONNECTED_KEY
+from slopilot.engine.json_items import JsonItems
 from slopilot.engine.meter import exposition
 from slopilot.engine.meter.asgi_http import (
     Receive,
@@ -66,6 +68,7 @@ from slopilot.engine.meter.asgi_http import (
 )
 from slopilot.engine.meter.body_budget import BODY_BUDGET_MIB, MAX_BODY_MIB, BodyBudget, Hold
 from slopilot.engine.meter.client_latency import ClientLatency
+from slopilot.engine.meter.model_context import ModelContext
 from slopilot.engine.meter.request_plan import (
     JUDGED_PATHS,
     Buffer,
@@ -109,6 +112,14 @@ class _Exchange:
 
 class _ClientGone(Exception):
     """The client went away before its request was whole."""
+
+
+class _TooManyItems(Exception):
+    """The body for generation holds more JSON items than ``limit`` allows."""
+
+    def __init__(self, limit: ItemLimit) -> None:
+        super().__init__(limit.max_items)
+        self.limit = limit
 
 
 class Meter:
@@ -165,6 +176,10 @@ class Meter:
         gauges may hold their last step's values once every request was aborted."""
         self.connection_cap: ConnectionCap | None = None
         """The slots of ``--max-connections`` (``count_connections``)."""
+        self.model_context = ModelContext()
+        """vLLM's context, learned from its ``/v1/models`` from startup on: the bound on a
+        body's JSON items (``body_items``)."""
+        self._learning: asyncio.Task[None] | None = None
 
     def count_connections(self, cap: ConnectionCap) -> None:
         """Serve ``cap``'s counts after the meter's own series (its server's cap)."""
@@ -207,10 +222,19 @@ class Meter:
 
     async def _exchange(self, scope: Scope, receive: Receive, send: Send, arrival: float,
                         hold: Hold) -> None:
+        # A body for generation is vLLM's to parse on its loop: its items are counted as
+        # it arrives, and past the bound it is refused unparsed, counted nowhere (as a
+        # body past the byte cap: the meter's own 413, not the engine's).
+        items = self.model_context.limit() if _for_generation(scope, self.upstream_url) \
+            else None
         try:
-            body = await self._body(receive, hold)
+            body = await self._body(receive, hold, items)
         except _ClientGone:
             return  # gone before its request was whole: nothing to forward to anyone
+        except _TooManyItems as refused:
+            await answer(send, 413, error_body(413, refused.limit.message(
+                "the meter in front of this engine", "a")))
+            return
         if body is None:
             await self._too_large(send, f"over {self.max_body_bytes}")
             return
@@ -247,17 +271,27 @@ class Meter:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
+                # In the background: vLLM loads its model for minutes after the meter
+                # starts, and the meter serves meanwhile (probes, scrapes).
+                self._learning = asyncio.ensure_future(
+                    self.model_context.watch(self.client, self.upstream))
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
+                if self._learning is not None:
+                    self._learning.cancel()
+                    await asyncio.gather(self._learning, return_exceptions=True)
                 await self.client.aclose()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
-    async def _body(self, receive: Receive, hold: Hold) -> bytearray | None:
+    async def _body(self, receive: Receive, hold: Hold,
+                    items: ItemLimit | None = None) -> bytearray | None:
         """The request's body, each piece once the bodies held leave it room (``hold``);
-        None past ``max_body_bytes``. One buffer as it comes: its pieces joined at the end
-        were the body twice over."""
+        None past ``max_body_bytes``; ``_TooManyItems`` past ``items`` (counted as each
+        piece comes, in steps the loop runs between: ``body_items.within``). One buffer
+        as it comes: its pieces joined at the end were the body twice over."""
         body = bytearray()
+        scan = JsonItems() if items is not None else None
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
@@ -266,6 +300,9 @@ class Meter:
             if len(body) + len(chunk) > self.max_body_bytes:
                 return None
             await hold.grow(len(chunk))
+            if scan is not None and items is not None and \
+                    not await within(scan, chunk, items.max_items):
+                raise _TooManyItems(items)
             body += chunk
             if not message.get("more_body"):
                 return body
@@ -426,6 +463,18 @@ class _Outgoing:
         finally:
             self._pieces = ()
             self._hold.release()
+
+
+def _for_generation(scope: Scope, upstream: httpx.URL) -> bool:
+    """Whether the request asks for generation: a POST to ``JUDGED_PATHS`` as the engine
+    is asked for it (httpx removes dot segments, as ``_forward`` sends it)."""
+    raw_path: bytes = scope.get("raw_path") or scope["path"].encode()
+    if scope.get("method") != "POST" or not raw_path.startswith(b"/"):
+        return False
+    try:
+        return upstream.copy_with(raw_path=raw_path).path in JUDGED_PATHS
+    except httpx.InvalidURL:
+        return False  # ``_forward`` answers it
 
 
 def _declared_length(scope: Scope) -> int | None:
