@@ -53,6 +53,9 @@ class _Upstream:
         if request.url.path == "/metrics":
             return httpx.Response(200, content=b"vllm:num_requests_running 0\n", headers={
                 "content-type": "text/plain; version=0.0.4; charset=utf-8"})
+        if request.url.path == "/v1/models":  # asked at the meter's startup
+            return httpx.Response(200, json={"object": "list", "data": [
+                {"id": "llama", "object": "model", "max_model_len": 4096}]})
         gate = self.release[len(self.requests)]
         self.requests.append(request)
 

@@ -54,6 +54,8 @@ class _LongStream(httpx.AsyncByteStream):
         self.closed = threading.Event()
 
     async def handle(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/models":  # asked at the meter's startup: no context
+            return httpx.Response(404)
         return httpx.Response(200, stream=self, headers={"content-type": "text/event-stream"})
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
