@@ -1,5 +1,5 @@
 """A trace whose hardest minute is neither its busiest by arrivals nor by tokens: a
-reviewer's (``/tmp/rev-trace2/hunt.py``, seed 3), drawn here from its own seed.
+reviewer's trace (their generator, seed 3), drawn here from its own seed.
 
 600 s of on/off traffic, 20 req/s for 10 s of every 30 s and 0.5 req/s between,
 log-normal prompts (median ~400 tokens, at most 6,000) with 3 % of them 7,000 tokens,
