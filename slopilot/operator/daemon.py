@@ -27,7 +27,7 @@ from slopilot.operator.twin_profile import TwinChoice
 from slopilot.tuner.loop.controller import Controller
 from slopilot.tuner.loop.errors import ControllerError
 from slopilot.tuner.loop.metrics import TunerMetrics
-from slopilot.tuner.loop.settings import DEFAULT_TRIALS_PER_HOUR, ControllerSettings
+from slopilot.tuner.loop.settings import ControllerSettings, default_hourly_trials
 from slopilot.tuner.loop.state import ControllerState, LoopState
 from slopilot.tuner.prometheus.tls import VERIFIED, CAFileError, TLSVerify
 
@@ -183,7 +183,7 @@ def controller_settings(spec: LLMDeploymentSpec, namespace: str, name: str, *,
         max_replicas=spec.max_replicas, window_s=spec.tuning.window_s,
         max_trials=spec.tuning.max_trials,
         max_trials_per_hour=min(trials_per_hour_ceiling,
-                                max(DEFAULT_TRIALS_PER_HOUR, spec.tuning.max_trials)),
+                                default_hourly_trials(spec.tuning.max_trials)),
         breach_window_s=spec.alerts.breach_window_s,
         min_class_requests=spec.tuning.min_class_requests,
         max_trial_s=spec.tuning.max_trial_s,

@@ -39,6 +39,12 @@ class TwinCorrection(enum.StrEnum):
     REFIT = "refit"  # one factor per feature (pulled towards the profile), then rescaled
 
 
+def default_hourly_trials(max_trials: int) -> int:
+    """The hourly live-trial cap a loop of ``max_trials`` an episode gets by default:
+    ``DEFAULT_TRIALS_PER_HOUR``, raised to ``max_trials`` so one episode runs them all."""
+    return max(DEFAULT_TRIALS_PER_HOUR, max_trials)
+
+
 @dataclass(frozen=True)
 class ControllerSettings:
     """How one deployment's loop behaves. Times are in seconds of the caller's clock."""
@@ -213,7 +219,7 @@ class ControllerSettings:
         ``max_trials``."""
         if self.max_trials_per_hour is not None:
             return self.max_trials_per_hour
-        return max(DEFAULT_TRIALS_PER_HOUR, self.max_trials)
+        return default_hourly_trials(self.max_trials)
 
     @property
     def settle_s(self) -> float:
