@@ -18,7 +18,7 @@ import csv
 import json
 import re
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from slopilot.engine.json_keys import DuplicateKey, loads_unique
@@ -44,6 +44,8 @@ class TraceRecord:
     output_tokens: int
     priority: Priority | None = None
     session_id: int | None = None
+    """A conversation: its turns (in arrival order) are each a prefix of the next, one
+    token stream; a JSONL session's shorter turn starts one of its own."""
     prefix_blocks: tuple[int, ...] | None = None
     """The ids of the prompt's 512-token blocks (Mooncake's ``hash_ids``): prompts with
     equal ids up to a block share their tokens up to its end, as their prefix."""
@@ -360,6 +362,29 @@ def parse_jsonl(text: str, label: str) -> list[TraceRecord]:
             # Any JSON scalar names a session; number them in order of first appearance.
             session = sessions.setdefault(_hashable(obj["session_id"]), len(sessions))
         records.append(TraceRecord(t, prompt, output, priority, session))
+    return _conversations(records, len(sessions)) if sessions else records
+
+
+def _conversations(records: list[TraceRecord], next_id: int) -> list[TraceRecord]:
+    """The records in arrival order, a session's turn shorter than its last given a
+    session id of its own, which the session's later turns then keep.
+
+    A session's turns share one token stream, each a prefix of the next: the history a
+    chat client resends. A shorter turn is not that (the client cut or edited the
+    history); as the stream's prefix it was served whole from the prefix cache, which a
+    real server would not do. So it starts a conversation: fresh tokens, and the longer
+    turns after it continue it."""
+    records.sort(key=lambda r: r.arrival_time)  # stable, as ``read_trace``'s
+    last: dict[int, tuple[int, int]] = {}  # session -> (its conversation's id, last turn)
+    for i, r in enumerate(records):
+        if r.session_id is None:
+            continue
+        conversation, length = last.get(r.session_id, (r.session_id, 0))
+        if r.prompt_tokens < length:
+            conversation, next_id = next_id, next_id + 1
+        last[r.session_id] = (conversation, r.prompt_tokens)
+        if conversation != r.session_id:
+            records[i] = replace(r, session_id=conversation)
     return records
 
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from slopilot.engine.request import Priority
+from slopilot.engine.sim.prefix_reuse import fresh_tokens
 from slopilot.engine.sim.scenario import load_scenario
 from slopilot.engine.sim.simulator import simulate
 from slopilot.engine.sim.trace import (
@@ -133,6 +134,26 @@ def test_jsonl_with_priorities_and_sessions(tmp_path: Path) -> None:
     # A later turn of one session starts with the earlier turn's prompt.
     assert second.prompt_token_ids[:100] == first.prompt_token_ids
     assert other.session_id is None and other.max_tokens == 1
+
+
+def test_a_shorter_later_turn_is_a_new_conversation_not_a_cache_hit(tmp_path: Path) -> None:
+    """A turn shorter than its session's last is no continuation of it (its client cut
+    or edited the history): replayed as the first turn's prefix it was served whole from
+    the prefix cache, which a real server would not do. It starts a conversation of its
+    own, which the session's next, longer turn continues."""
+    rows = [{"arrival_time": t, "prompt_tokens": n, "output_tokens": 4, "session_id": "s"}
+            for t, n in ((0, 100), (1, 150), (2, 80), (3, 120), (4, 120))]
+    path = write(tmp_path, "t.jsonl", "\n".join(json.dumps(r) for r in rows))
+    records = read_trace(path)
+    first, second, cut, after, same = (list(s.prompt_token_ids)
+                                       for s in TraceWorkload(records).initial())
+    assert second[:100] == first
+    assert cut != second[:80] and cut[:10] != first[:10]
+    assert after[:80] == cut and same == after  # a turn as long: the same prompt again
+    assert records[0].session_id == records[1].session_id != records[2].session_id
+    assert records[2].session_id == records[3].session_id == records[4].session_id
+    # What the busiest-window ranking counts as prefill agrees with the replay.
+    assert fresh_tokens(records).tolist() == [104, 54, 84, 44, 4]
 
 
 @pytest.mark.parametrize("line, match", [
