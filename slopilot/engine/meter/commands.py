@@ -15,6 +15,7 @@ from slopilot.engine.deadline_flags import (
     mib,
 )
 from slopilot.engine.meter.body_budget import BODY_BUDGET_MIB, MAX_BODY_MIB, map_large_blocks
+from slopilot.engine.meter.model_context import DEFAULT_MAX_MODEL_LEN, MAX_CONTEXT
 from slopilot.engine.port_flag import port
 from slopilot.engine.request import Priority
 
@@ -51,12 +52,31 @@ def register(subparsers: Any) -> None:
                    f"(default {BODY_BUDGET_MIB}; at least --max-body-mb): a body waits, "
                    "unread, for room, and is let go once sent on. With the interpreter's "
                    "65 MiB and the streams', within the meter's memory limit")
+    p.add_argument("--max-model-len", type=_context, default=None, metavar="TOKENS",
+                   help="the model's context, as vLLM's --max-model-len: the bound on a "
+                   "body's JSON values for generation. Default: learned from the engine's "
+                   "/v1/models, which a vLLM run with --api-key refuses the meter (it then "
+                   f"keeps {DEFAULT_MAX_MODEL_LEN:,} tokens); given, the meter does not ask")
     add_deadline_flags(p)
     add_max_connections_flag(p, "a quarter of ulimit -n, at most 1024: each connection "
                              "takes two descriptors, its client's and vLLM's")
     p.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"),
                    default="info")
     p.set_defaults(func=run)
+
+
+def _context(text: str) -> int:
+    """argparse type of ``--max-model-len``: tokens, a whole number within
+    ``MAX_CONTEXT``."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= MAX_CONTEXT:
+        raise argparse.ArgumentTypeError(
+            f"--max-model-len {text}: expected the model's context in tokens, a whole "
+            f"number from 1 to {MAX_CONTEXT:,}, e.g. 8192 (vLLM's --max-model-len)")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:
@@ -101,7 +121,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"slopilot meter: --slo-file {exc}", file=sys.stderr)
         return 2
     app = Meter(args.upstream, slo, Priority.parse(args.priority_class),
-                max_body_bytes=max_body, body_budget_bytes=budget)
+                max_body_bytes=max_body, body_budget_bytes=budget,
+                max_model_len=args.max_model_len)
     map_large_blocks()  # a body freed is memory given back (process-wide, so here)
     server = uvicorn.Server(uvicorn_config(app, host=args.host, port=args.port,
                                            log_level=args.log_level, deadlines=deadlines,

@@ -12,6 +12,7 @@ gives ``max_model_len``) once vLLM answers it, and a vocabulary vLLM does not sa
 - Asked again every ``RETRY_S`` while vLLM does not answer or fails (a connection refused,
   a 5xx); an answer that refuses (a 401 of a vLLM run with ``--api-key``, which the meter
   does not hold) or names no context leaves the default for good, with a warning.
+- Given (``slopilot meter --max-model-len``), the context is that, and vLLM is not asked.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ from slopilot.engine.body_items import ItemLimit
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_MODEL_LEN = 131_072
+MAX_CONTEXT = 10_000_000
+"""The most ``--max-model-len`` takes: ten times the longest contexts served today, whose
+bound (160M values) still refuses a body before it can hold vLLM's loop for minutes."""
 VOCAB_SIZE = 262_144
 RETRY_S = 2.0
 MODELS_PATH = "/v1/models"
@@ -38,9 +42,11 @@ class ModelContext:
     read it from vLLM's model cards (the largest of them: a LoRA adapter's card gives
     its base's)."""
 
-    def __init__(self) -> None:
-        self.max_model_len = DEFAULT_MAX_MODEL_LEN
+    def __init__(self, given: int | None = None) -> None:
+        self.max_model_len = DEFAULT_MAX_MODEL_LEN if given is None else given
         self.learned = False
+        self.given = given is not None
+        """Stated by the meter's operator: nothing to learn."""
 
     def limit(self) -> ItemLimit:
         """The items a body may hold for the context known now."""
@@ -68,8 +74,8 @@ class ModelContext:
 
     async def watch(self, client: httpx.AsyncClient, upstream: str,
                     sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep) -> None:
-        """``learn`` until vLLM answers, ``RETRY_S`` apart."""
-        while not await self.learn(client, upstream):
+        """``learn`` until vLLM answers, ``RETRY_S`` apart; nothing where ``given``."""
+        while not self.given and not await self.learn(client, upstream):
             await sleep(RETRY_S)
 
 

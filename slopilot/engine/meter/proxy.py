@@ -131,7 +131,8 @@ class Meter:
                  client: httpx.AsyncClient | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  max_body_bytes: int = MAX_BODY_BYTES,
-                 body_budget_bytes: int = BODY_BUDGET_BYTES) -> None:
+                 body_budget_bytes: int = BODY_BUDGET_BYTES,
+                 max_model_len: int | None = None) -> None:
         self.upstream = upstream.rstrip("/")
         self.upstream_url = httpx.URL(self.upstream)
         self.slo, self.priority, self.clock = slo, priority, clock
@@ -176,9 +177,10 @@ class Meter:
         gauges may hold their last step's values once every request was aborted."""
         self.connection_cap: ConnectionCap | None = None
         """The slots of ``--max-connections`` (``count_connections``)."""
-        self.model_context = ModelContext()
-        """vLLM's context, learned from its ``/v1/models`` from startup on: the bound on a
-        body's JSON items (``body_items``)."""
+        self.model_context = ModelContext(max_model_len)
+        """vLLM's context, ``max_model_len`` (``--max-model-len``) or else learned from its
+        ``/v1/models`` from startup on: the bound on a body's JSON items
+        (``body_items``)."""
         self._learning: asyncio.Task[None] | None = None
 
     def count_connections(self, cap: ConnectionCap) -> None:

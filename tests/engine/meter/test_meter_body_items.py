@@ -150,3 +150,38 @@ def test_the_bound_follows_the_context_vllm_gives(tmp_path: Path, max_model_len:
         assert upstream.requests == [] and meter.arrivals == 0
     else:
         assert len(upstream.requests) == 1
+
+
+def test_a_context_given_on_the_command_line_is_the_bound_and_vllm_is_not_asked(
+        tmp_path: Path) -> None:
+    """A vLLM run with ``--api-key`` answers the meter's ``/v1/models`` 401 (the meter
+    holds no key), which left the 131,072-token default: ``--max-model-len`` states it,
+    as vLLM's own flag does, and the meter asks nothing."""
+    upstream = _Vllm(4096)
+    now = [0.0]
+    meter = meter_for(tmp_path, upstream, now, max_model_len=4096)
+    upstream.answer([event(text="a", finish="stop"), DONE])
+
+    async def go() -> tuple[int, dict[str, str], bytes]:
+        life = await _learned(meter, upstream)
+        got = await Client(meter, now).request(
+            "POST", "/v1/chat/completions", raw=_ignored(1_000_000), written_at=[0.1, 0.1])
+        await life()
+        return got
+
+    status, _, body = run(go)
+    assert status == 413 and "4,096-token context" in json.loads(body)["error"]["message"]
+    assert upstream.model_asks == 0 and upstream.requests == []
+
+
+@pytest.mark.parametrize("given", ["0", "-5", "1.5", "many"])
+def test_a_context_that_is_no_token_count_is_refused_naming_the_flag(
+        given: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from slopilot.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["meter", "--upstream", "http://127.0.0.1:8001", "--slo-file", "slo.json",
+              "--max-model-len", given])
+    assert exit_.value.code == 2
+    assert f"--max-model-len {given}" in (err := capsys.readouterr().err)
+    assert "expected the model's context in tokens" in err
