@@ -238,8 +238,10 @@ def prometheus_controller(ctx: DaemonContext) -> Controller:
     try:
         # Every window, probe and twin check on Prometheus's clock: the loop's times are
         # this process's clock, which may be off the one that stamps the samples.
+        metrics = operator_metrics(ctx.namespace)
         query = PrometheusClock(query_at(spec.prometheus_url, verify=ctx.prometheus_tls),
-                                label=f"{ctx.namespace}/{name}")
+                                label=f"{ctx.namespace}/{name}",
+                                observe=lambda offset: metrics.clock(name, offset))
         alerts = AlertSource(spec.prometheus_url, name, namespace=ctx.namespace,
                              namespace_label=ctx.namespace_label, verify=ctx.prometheus_tls,
                              offset_s=query.offset_s)
@@ -273,7 +275,7 @@ def prometheus_controller(ctx: DaemonContext) -> Controller:
         # many CRs delay its calls by one of theirs per freed worker, not by all of them.
         WorkerPlanner(worker, tenant=ctx.namespace),
         offline=WorkerOffline(worker, SimOffline(space), tenant=ctx.namespace),
-        metrics=operator_metrics(ctx.namespace), state=ctx.state,
+        metrics=metrics, state=ctx.state,
         iterations=PrometheusIterations(query, selector),
         twin=WorkerTwin(worker, tenant=ctx.namespace))
 

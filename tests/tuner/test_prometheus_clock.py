@@ -319,3 +319,36 @@ def test_a_clock_that_cannot_be_read_is_said_and_asked_again_soon(
     assert clock.offset_s() == pytest.approx(45.0)
     said = [r.message for r in caplog.records if r.levelno == logging.WARNING]
     assert len(said) == 2 and "45.0 s ahead" in said[1]
+
+
+def test_the_offset_read_is_a_series_an_administrator_can_alert_on() -> None:
+    """The offset was said only in the operator's log, once: an administrator alerting on
+    the operator's /metrics never saw that the times it writes are off. Each reading
+    taken now sets ``slopilot_prometheus_clock_offset_seconds`` (the operator's clock less
+    Prometheus's), the small offsets the windows leave alone included."""
+    from slopilot.tuner.loop.metrics import TunerMetrics
+
+    metrics = TunerMetrics(namespace="ns")
+    mono = ManualMonotonic()
+    skew = [45.0]
+
+    def query(expr: str, at: float | None = None) -> list[dict[str, object]]:
+        assert expr == NOW_EXPR
+        return [{"metric": {}, "value": [1000.0 + mono.t, "1000"]}]
+
+    clock = PrometheusClock(query, label="ns/d", clock=lambda: 1000.0 + skew[0] + mono.t,
+                            monotonic=mono, observe=lambda s: metrics.clock("d", s))
+
+    def read() -> float | None:
+        return metrics.registry.get_sample_value(
+            "slopilot_prometheus_clock_offset_seconds",
+            {"slopilot_namespace": "ns", "slopilot_deployment": "d"})
+
+    assert read() is None  # nothing read yet: no figure, not a 0
+    assert clock.offset_s() == pytest.approx(45.0)
+    assert read() == pytest.approx(45.0)
+    skew[0] = 0.4  # synced again (a step, read at once): the series says so
+    assert clock.offset_s() == 0.0
+    assert read() == pytest.approx(0.4)
+    metrics.forget("d")
+    assert read() is None

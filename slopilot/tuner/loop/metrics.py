@@ -77,6 +77,10 @@ class TunerMetrics:
             Gauge, "slopilot_twin_correction_factor", "What the last twin check's "
             "correction learned: the factor on each cost-model feature's coefficient.",
             "feature")
+        self.clock_offset: Gauge = series(
+            Gauge, "slopilot_prometheus_clock_offset_seconds", "The operator's clock less "
+            "Prometheus's, as last read: windows are read on Prometheus's clock, but the "
+            "times the operator writes (status, events) are off by this much.")
         # Features each deployment's gauge holds, so a check that learned fewer (or none)
         # drops the rest instead of leaving an old correction on the dashboard.
         self._factor_features: dict[tuple[str, str], set[str]] = {}
@@ -112,6 +116,9 @@ class TunerMetrics:
         self.replicas.labels(self.namespace, deployment).set(replicas)
         for s in ControllerState:
             self.state.labels(self.namespace, deployment, s.value).set(1 if s is state else 0)
+
+    def clock(self, deployment: str, offset_s: float) -> None:
+        self.clock_offset.labels(self.namespace, deployment).set(offset_s)
 
     def twin(self, deployment: str, check: TwinCheck) -> None:
         key = (self.namespace, deployment)

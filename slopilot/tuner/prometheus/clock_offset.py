@@ -85,9 +85,13 @@ class PrometheusClock:
 
     def __init__(self, query: QueryAt, *, label: str = "",
                  clock: Callable[[], float] = time.time,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+                 monotonic: Callable[[], float] = time.monotonic,
+                 observe: Callable[[float], None] | None = None) -> None:
         self.query, self.label = query, label
         self.clock, self.monotonic = clock, monotonic
+        self.observe = observe
+        """Given each reading's offset (the operator's series an alert reads: the log
+        says a large one once, and the times the operator writes stay off by it)."""
         self.reading: ClockOffset | None = None
         """The last reading taken (None: none yet; the offset is then 0)."""
         self.tried_at: float | None = None
@@ -150,6 +154,8 @@ class PrometheusClock:
         self.reading = ClockOffset(middle - theirs, trip, middle,
                                    mono + (self.monotonic() - mono) / 2.0)
         self._say(self.reading)
+        if self.observe is not None:
+            self.observe(self.reading.offset_s)
 
     def _missed(self, why: str) -> None:
         self.misses += 1
