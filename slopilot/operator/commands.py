@@ -111,9 +111,12 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(2)
     if args.action == "uninstall":
         return run_uninstall(args)
+    from slopilot.operator.daemon import check_daemon_settings
+
     try:  # fail here, not in kopf's startup handler (which retries)
         lifetime = peering_lifetime_s()
         started_policy()
+        check_daemon_settings()
     except ValueError as exc:
         raise SystemExit(f"slopilot operator: {exc}") from None
     from slopilot.operator.kubeapi import Kube, KubeConfigError, load_client

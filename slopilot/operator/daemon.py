@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import importlib
 import logging
+import math
 import os
 import threading
 from collections.abc import Callable
@@ -34,6 +35,7 @@ from slopilot.tuner.prometheus.tls import VERIFIED, CAFileError, TLSVerify
 if TYPE_CHECKING:
     import optuna
 
+    from slopilot.engine.sim.scenario import Scenario
     from slopilot.tuner.sim.worker import SimWorker
     from slopilot.tuner.study.space import SearchSpace
 
@@ -41,6 +43,7 @@ log = logging.getLogger(__name__)
 FACTORY_ENV = "SLOPILOT_CONTROLLER_FACTORY"
 TICK_ENV = "SLOPILOT_CONTROLLER_TICK_S"
 DEFAULT_TICK_S = 5.0
+MIN_TICK_S, MAX_TICK_S = 0.01, 3600.0
 BASE_SCENARIO_ENV = "SLOPILOT_BASE_SCENARIO"
 SIM_WORKERS_ENV = "SLOPILOT_SIM_WORKERS"
 SIM_WORKERS_PER_NAMESPACE_ENV = "SLOPILOT_SIM_WORKERS_PER_NAMESPACE"
@@ -85,14 +88,32 @@ _WORKER_LOCK = threading.Lock()
 _WORKER: SimWorker | None = None
 
 
+def _setting(name: str) -> str | None:
+    """An administrator's variable, None where unset or blank (as the policy's are)."""
+    raw = os.environ.get(name, "").strip()
+    return raw or None
+
+
+def _whole(raw: str, most: int) -> int | None:
+    """``raw`` as a whole number from 1 to ``most``, else None. Its length is bounded
+    first: ``int`` of thousands of digits raises its own error, naming no variable."""
+    if not raw.isascii() or not raw.isdigit() or len(raw) > len(str(most)):
+        return None
+    value = int(raw)
+    return value if 1 <= value <= most else None
+
+
 def sim_workers() -> int:
     """``$SLOPILOT_SIM_WORKERS``: simulator processes the deployments share (default 1;
     each may take ``DEFAULT_MEMORY_LIMIT_MB``, so size the operator's memory limit)."""
-    raw = os.environ.get(SIM_WORKERS_ENV, "1")
-    if not raw.isascii() or not raw.isdigit() or not 1 <= int(raw) <= MAX_SIM_WORKERS:
+    raw = _setting(SIM_WORKERS_ENV)
+    if raw is None:
+        return 1
+    value = _whole(raw, MAX_SIM_WORKERS)
+    if value is None:
         raise ControllerError(f"{SIM_WORKERS_ENV}={raw[:40]!r}: expected a whole number "
-                              f"of processes from 1 to {MAX_SIM_WORKERS}")
-    return int(raw)
+                              f"of processes from 1 to {MAX_SIM_WORKERS}, or unset for 1")
+    return value
 
 
 def sim_workers_per_namespace(workers: int) -> int | None:
@@ -100,14 +121,36 @@ def sim_workers_per_namespace(workers: int) -> int | None:
     deployments may hold at once (unset: all of them). Below ``workers`` it keeps a
     process for the other namespaces while one namespace's calls run long, at the cost of
     leaving it idle while that namespace alone has calls waiting."""
-    raw = os.environ.get(SIM_WORKERS_PER_NAMESPACE_ENV, "")
-    if raw == "":
+    raw = _setting(SIM_WORKERS_PER_NAMESPACE_ENV)
+    if raw is None:
         return None
-    if not raw.isascii() or not raw.isdigit() or not 1 <= int(raw) <= workers:
+    value = _whole(raw, workers)
+    if value is None:
         raise ControllerError(f"{SIM_WORKERS_PER_NAMESPACE_ENV}={raw[:40]!r}: expected a "
                               f"whole number of processes from 1 to {SIM_WORKERS_ENV} "
                               f"({workers}), or unset for no cap")
-    return int(raw)
+    return value
+
+
+def base_scenario() -> Scenario:
+    """``$SLOPILOT_BASE_SCENARIO``'s scenario (default ``DEFAULT_BASE_SCENARIO``): the
+    hardware the deployments' twins run on where a CR names no profile."""
+    from slopilot.engine.sim.scenario import load_scenario
+
+    name = _setting(BASE_SCENARIO_ENV) or DEFAULT_BASE_SCENARIO
+    try:
+        return load_scenario(name)
+    except (OSError, ValueError) as exc:
+        raise ControllerError(f"{BASE_SCENARIO_ENV}={name[:80]!r}: {exc}"[:500]) from None
+
+
+def check_daemon_settings() -> None:
+    """Reads every setting a deployment's daemon reads, as the operator starts: a bad one
+    stops the start naming it (ControllerError), where read at a controller's build it
+    failed every tuning CR at every step."""
+    sim_workers_per_namespace(sim_workers())
+    tick_interval()
+    base_scenario()
 
 
 def sim_worker() -> SimWorker:
@@ -212,7 +255,6 @@ def prometheus_controller(ctx: DaemonContext) -> Controller:
     """
     import dataclasses
 
-    from slopilot.engine.sim.scenario import load_scenario
     from slopilot.operator.service_monitor import latency_sources
     from slopilot.tuner.prometheus.adapters import PrometheusProbe, PrometheusWindows
     from slopilot.tuner.prometheus.alerts import AlertSource
@@ -227,13 +269,9 @@ def prometheus_controller(ctx: DaemonContext) -> Controller:
     from slopilot.tuner.study.storage import StudyStorageError
 
     spec, name = ctx.spec, ctx.name
-    scenario_name = os.environ.get(BASE_SCENARIO_ENV, DEFAULT_BASE_SCENARIO)
-    try:
-        base = load_scenario(scenario_name)
-    except (OSError, ValueError) as exc:
-        raise ControllerError(f"{BASE_SCENARIO_ENV}={scenario_name!r}: {exc}") from None
-    base = ctx.twin.apply(dataclasses.replace(base, slo=spec.slo, engine=spec.engine.to_dict(),
-                                              dispatch=spec.twin.dispatch))
+    base = ctx.twin.apply(dataclasses.replace(
+        base_scenario(), slo=spec.slo, engine=spec.engine.to_dict(),
+        dispatch=spec.twin.dispatch))
     selector = identity_labels(name, ctx.namespace, ctx.namespace_label)
     try:
         # Every window, probe and twin check on Prometheus's clock: the loop's times are
@@ -291,11 +329,18 @@ def load_factory() -> ControllerFactory:
 
 
 def tick_interval() -> float:
-    raw = os.environ.get(TICK_ENV, str(DEFAULT_TICK_S))
+    """``$SLOPILOT_CONTROLLER_TICK_S``: seconds between a daemon's steps (default 5)."""
+    raw = _setting(TICK_ENV)
+    if raw is None:
+        return DEFAULT_TICK_S
     try:
-        value = float(raw)
+        value = float(raw) if len(raw) <= 40 else math.nan
     except ValueError:
-        raise ControllerError(f"{TICK_ENV}={raw!r}: expected seconds, e.g. 5") from None
-    if not value > 0:
-        raise ControllerError(f"{TICK_ENV}={raw!r}: expected seconds above 0")
+        value = math.nan
+    # inf stepped each daemon once and never again; a tick far under a scrape only
+    # queries Prometheus for nothing new.
+    if not MIN_TICK_S <= value <= MAX_TICK_S:
+        raise ControllerError(f"{TICK_ENV}={raw[:40]!r}: expected seconds from "
+                              f"{MIN_TICK_S:g} to {MAX_TICK_S:g}, e.g. {DEFAULT_TICK_S:g}, "
+                              "or unset for the default")
     return value

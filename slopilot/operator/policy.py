@@ -119,7 +119,8 @@ def parse_trials_per_hour(raw: str) -> int:
     """``$SLOPILOT_MAX_TRIALS_PER_HOUR`` as a count, or a PolicyError naming it, the value
     and the fix. Checked at the start: a typo would otherwise cap every loop by surprise."""
     text = raw.strip()
-    value = int(text) if text.isascii() and text.isdigit() else 0
+    # Bounded first: ``int`` of thousands of digits raises its own error, naming nothing.
+    value = int(text) if text.isascii() and text.isdigit() and len(text) <= 9 else 0
     if value < 1:
         raise PolicyError(f"{MAX_TRIALS_PER_HOUR_ENV}={raw[:80]!r} is not a positive whole "
                           "number: set it to the most live trials one LLMDeployment's loop "
