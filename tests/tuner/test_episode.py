@@ -174,7 +174,7 @@ def test_a_window_within_the_margin_is_confirmed_by_a_second() -> None:
 
 
 def test_an_edge_config_that_misses_on_its_second_window_is_not_committed() -> None:
-    rig = _edge_rig(299.0, 310.0)
+    rig = _edge_rig(299.0, 310.0, 299.0)  # the first window measured again, judged again
     ctl = rig.build()
     ctl.tick(0.0)
     assert ctl.tick(10.0).action is Action.REPEAT

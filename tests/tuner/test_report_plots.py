@@ -118,7 +118,7 @@ def test_a_live_trial_judged_on_two_windows_says_its_table_is_the_last_one(
                   SLO, config)
     second = score(window({"p0": figures(730.0, 20.0, 56.0), "p1": figures(296.0, 27.0, 63.0)}),
                    SLO, config)
-    both = _with_first_window(second, first.constraints, first.goodput_tok_s)
+    both = _with_first_window(second, first)
     assert both.goodput_tok_s == 97.8 and both.summary == second.summary
     tuner.tell(number, both)
     text = write_report(tuner, SLO, tmp_path, title="T", subject=SUBJECT).read_text()

@@ -40,9 +40,11 @@ class RunningTrial:
     controller measures and restores the same one."""
     edge_constraints: list[float] | None = None
     """The SLO terms of a first window that held within ``objective.HEADROOM`` of a limit
-    (None otherwise): the trial is then on its confirming window, judged on both."""
+    (None otherwise): the trial is then on its confirming window, judged on both, the
+    first measured again (``edge_from``) and judged by the SLO then in force, which an
+    edit may have changed since these terms."""
     edge_goodput: float | None = None
-    """That first window's goodput (tokens/s)."""
+    """That first window's goodput (tokens/s), as judged then."""
     began_at: float | None = None
     """When the trial was applied (``started_at`` moves on a repeat or a confirming
     window): ``max_trial_s`` counts from here. None in a state from before it: from

@@ -7,7 +7,7 @@ the episode to COMMIT."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from slopilot.engine.window_summary import ClassFigures, WindowSummary
 from slopilot.tuner.loop.context import LoopContext
@@ -218,10 +218,14 @@ def _scored(ctx: LoopContext, now: float, t: RunningTrial,
     loop, s = ctx.loop, ctx.settings
     result = score(summary, s.slo, t.config)
     evidence = summary
-    if t.edge_constraints is not None:
-        result = _with_first_window(result, t.edge_constraints, t.edge_goodput)
+    first = None if t.edge_constraints is None else _first_window(ctx, t)
+    if first is not None:
+        # Judged again by the SLO in force: the terms kept with the trial are the SLO's
+        # it was judged on then, and an edit since (a target tightened, a class's added)
+        # read them against the new one's (a miss committed, or zip() failed the tick).
+        result = _with_first_window(result, score(first, s.slo, t.config))
         if result.feasible:  # the commit's evidence: what it was judged on
-            evidence = _both_windows(ctx, t, summary)
+            evidence = both_windows(first, summary)
     elif result.feasible and not holds(result, HEADROOM):
         return _confirm(ctx, now, t, result, start)
     ctx.study.tell(t.number, result)
@@ -264,30 +268,27 @@ def _confirm(ctx: LoopContext, now: float, t: RunningTrial, result: TrialResult,
                       summary=result.summary)
 
 
-def _with_first_window(second: TrialResult, first: Sequence[float],
-                       goodput: float | None) -> TrialResult:
-    """The trial's result over its two windows: each term the worse window's, the lower
-    goodput, feasible only when both held."""
-    constraints = tuple(max(a, b) for a, b in zip(first, second.constraints, strict=True))
+def _with_first_window(second: TrialResult, first: TrialResult) -> TrialResult:
+    """The trial's result over its two windows, both judged by one SLO: each term the
+    worse window's, the lower goodput, feasible only when both held."""
+    constraints = tuple(max(a, b) for a, b in zip(first.constraints, second.constraints,
+                                                   strict=True))
     return dataclasses.replace(
         second, constraints=constraints, feasible=all(c <= 0.0 for c in constraints),
-        goodput_tok_s=second.goodput_tok_s if goodput is None
-        else min(goodput, second.goodput_tok_s))
+        goodput_tok_s=min(first.goodput_tok_s, second.goodput_tok_s))
 
 
-def _both_windows(ctx: LoopContext, t: RunningTrial, second: WindowSummary
-                  ) -> WindowSummary:
-    """The figures a trial judged on two windows was judged on: the first window,
-    measured again, and ``second``, as ``both_windows`` joins them; ``second`` alone
-    where the first can no longer be measured (a state from before ``edge_from``, or a
-    window Prometheus no longer answers for)."""
+def _first_window(ctx: LoopContext, t: RunningTrial) -> WindowSummary | None:
+    """The confirming trial's first window, measured again; None where it can no longer
+    be (a state from before ``edge_from``, or a window Prometheus no longer answers
+    for): the SLO it was judged by is then unknown, and the window just measured is a
+    first window of its own."""
     if t.edge_from is None or not t.edge_from < t.started_at:
-        return second
+        return None
     try:
-        first = ctx.evaluator.measure(t.edge_from, t.started_at, canary=t.canary)
+        return ctx.evaluator.measure(t.edge_from, t.started_at, canary=t.canary)
     except (WindowRejected, PrometheusUnavailable):
-        return second
-    return both_windows(first, second)
+        return None
 
 
 def both_windows(first: WindowSummary, second: WindowSummary) -> WindowSummary:
