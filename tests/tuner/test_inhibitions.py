@@ -1,14 +1,21 @@
-"""The Alertmanager inhibit rules, against the labels the rendered alerts carry."""
+"""The Alertmanager inhibit rules, against the labels the rendered alerts carry: in the
+rules' own model, and by a real Alertmanager (amtool's check, and a running server
+judging alerts posted with those labels)."""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
 from slopilot.engine.slo import SLOSpec
 from slopilot.tuner.prometheus.inhibitions import (
+    Matcher,
+    MatchType,
     alertmanager_yaml,
     inhibitions,
     manifest_path,
@@ -20,6 +27,14 @@ from slopilot.tuner.prometheus.rules import (
     LatencySources,
     render_rule_groups,
 )
+from tests.support.alertmanager import (
+    AlertmanagerBinaries,
+    AlertmanagerServer,
+    amtool,
+    null_route_config,
+)
+from tests.support.fixtures import alertmanager_binaries, alertmanager_factory  # noqa: F401
+from tests.support.waits import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 LATENCY = ("SlopilotTTFTP99High", "SlopilotTTFTP99Sustained", "SlopilotTBTP99High",
@@ -50,8 +65,21 @@ def test_the_manifest_is_the_rendering() -> None:
 
 
 def test_the_docs_show_the_alertmanager_snippet() -> None:
-    docs = (ROOT / "docs" / "operations.md").read_text()
-    assert alertmanager_yaml() in docs, "docs/operations.md: paste alertmanager_yaml()"
+    # The very block the real Alertmanager is run with below.
+    assert _docs_snippet() == alertmanager_yaml(), "docs/operations.md: paste alertmanager_yaml()"
+
+
+def test_the_manifest_holds_the_rules_alertmanager_checks() -> None:
+    """The AlertmanagerConfig's matchers, written as Alertmanager's own, are the docs'
+    rules: what the real Alertmanager judges below is what the manifest asks for."""
+    spec = yaml.safe_load(manifest_path().read_text())["spec"]
+
+    def text(matchers: list[dict[str, str]]) -> list[str]:
+        return [Matcher(m["name"], MatchType(m["matchType"]), m["value"]).text()
+                for m in matchers]
+
+    assert [{"source_matchers": text(r["sourceMatch"]), "target_matchers": text(r["targetMatch"]),
+             "equal": r["equal"]} for r in spec["inhibitRules"]] == _docs_rules()
 
 
 @pytest.mark.parametrize("latency", [BUILTIN_LATENCY, VLLM_LATENCY], ids=["builtin", "vllm"])
@@ -82,3 +110,141 @@ def test_a_critical_silences_the_warning_of_its_alert_and_class_only() -> None:
     assert not _inhibited(ttft["p0", "critical"], ttft["p1", "warning"])
     sustained = [a for a in alerts if a["alertname"] == "SlopilotTTFTP99Sustained"]
     assert sustained and not any(_inhibited(ttft["p0", "critical"], a) for a in sustained)
+
+
+def _docs_snippet() -> str:
+    """The plain ``alertmanager.yml`` block docs/operations.md shows, as written there."""
+    docs = (ROOT / "docs" / "operations.md").read_text()
+    blocks = [b for b in re.findall(r"```yaml\n(.*?)```", docs, re.S)
+              if b.startswith("inhibit_rules:")]
+    assert len(blocks) == 1, (
+        f"docs/operations.md: {len(blocks)} ```yaml blocks start with inhibit_rules:, "
+        "expected the one snippet (paste alertmanager_yaml() there once)")
+    return blocks[0]
+
+
+def _docs_rules() -> list[dict[str, Any]]:
+    rules: list[dict[str, Any]] = yaml.safe_load(_docs_snippet())["inhibit_rules"]
+    return rules
+
+
+def test_amtool_accepts_the_docs_snippet(alertmanager_binaries: AlertmanagerBinaries,  # noqa: F811
+                                         tmp_path: Path) -> None:
+    config = tmp_path / "alertmanager.yml"
+    config.write_text(yaml.safe_dump(null_route_config(_docs_rules()), sort_keys=False))
+    checked = amtool(alertmanager_binaries, "check-config", config)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    # Every rule parsed, none dropped on the way.
+    assert f" - {len(inhibitions())} inhibit rules" in checked.stdout, checked.stdout
+    # The check can fail: a matcher Alertmanager cannot parse is refused.
+    broken = _docs_rules()
+    broken[0]["source_matchers"] = ['alertname=~"(SlopilotEngineStalled"']
+    config.write_text(yaml.safe_dump(null_route_config(broken), sort_keys=False))
+    refused = amtool(alertmanager_binaries, "check-config", config)
+    assert refused.returncode != 0 and "error parsing regexp" in refused.stdout, (
+        refused.stdout + refused.stderr)
+
+
+# A barrier, not a rule under test: no slopilot alert carries ``canary``. Alertmanager's
+# inhibitor reads posted alerts into its source cache in order, on its own goroutine, and
+# a read (GET /api/v2/alerts) judges each alert against that cache. So once the canary
+# target reads as inhibited, the canary source, posted last, is in the cache, and so is
+# every alert before it: the verdicts read then are final, whether or not they agree with
+# the docs, and a disagreement fails at once rather than at the hang guard.
+CANARY_RULE = {"source_matchers": ['canary="source"'], "target_matchers": ['canary="target"'],
+               "equal": []}
+CANARY_TARGET = {"alertname": "Canary", "canary": "target"}
+CANARY_SOURCE = {"alertname": "Canary", "canary": "source"}
+
+
+Verdicts = dict[frozenset[tuple[str, str]], dict[str, Any]]
+"""Alertmanager's alerts by label set: ``fingerprint``, ``labels``, ``status``."""
+
+
+def _judged(am: AlertmanagerServer, alerts: Sequence[dict[str, str]]) -> Verdicts:
+    """Post ``alerts`` (then the canary source) and read Alertmanager's verdicts once its
+    inhibitor has taken them all in."""
+    am.post_alerts([CANARY_TARGET, *alerts, CANARY_SOURCE])
+
+    def settled() -> Verdicts | None:
+        got = {frozenset(a["labels"].items()): a for a in am.alerts()}
+        canary = got.get(frozenset(CANARY_TARGET.items()))
+        return got if canary and canary["status"]["inhibitedBy"] else None
+
+    verdicts: Verdicts = wait_for(settled, "Alertmanager's inhibitor to take in the canary",
+                                  diagnose=lambda: f"its log:\n{am.log[-2000:]}")
+    for labels in alerts:
+        assert frozenset(labels.items()) in verdicts, f"posted, not listed: {labels}"
+    return verdicts
+
+
+def _inhibitors(verdicts: Verdicts, labels: dict[str, str]) -> list[dict[str, str]]:
+    """The label sets of the alerts Alertmanager says inhibit ``labels``' alert."""
+    by_fp = {a["fingerprint"]: a["labels"] for a in verdicts.values()}
+    status = verdicts[frozenset(labels.items())]["status"]
+    assert (status["state"] == "suppressed") == bool(status["inhibitedBy"]), status
+    return [by_fp[fp] for fp in status["inhibitedBy"]]
+
+
+def _agrees_with_the_model(verdicts: Verdicts, alerts: Sequence[dict[str, str]]) -> None:
+    """Every alert inhibited by Alertmanager exactly where ``inhibitions()`` says, and only
+    by an alert the model says may inhibit it."""
+    for target in alerts:
+        by = _inhibitors(verdicts, target)
+        assert bool(by) == any(_inhibited(s, target) for s in alerts), (target, by)
+        assert all(_inhibited(s, target) for s in by), (target, by)
+
+
+def test_a_real_alertmanager_lets_a_stall_page_once(
+        alertmanager_factory: Callable[[dict[str, Any]], AlertmanagerServer],  # noqa: F811
+) -> None:
+    am = alertmanager_factory(null_route_config([*_docs_rules(), CANARY_RULE]))
+    chat = _labels(BUILTIN_LATENCY)
+    stall = next(a for a in chat if a["alertname"] == "SlopilotEngineStalled")
+    latency = [a for a in chat if a["alertname"] in LATENCY]
+    neighbours = [a for namespace, name in (("team-b", "chat"), ("team-a", "other"))
+                  for a in _labels(BUILTIN_LATENCY, namespace, name)
+                  if a["alertname"] in LATENCY]
+    posted = [stall, *latency, *neighbours]
+    verdicts = _judged(am, posted)
+
+    assert _inhibitors(verdicts, stall) == []
+    assert {a["alertname"] for a in latency} == set(LATENCY)
+    for alert in latency:
+        by = _inhibitors(verdicts, alert)
+        assert by, f"the stall does not silence {alert}"
+        # A TTFT warning may name its critical instead: Alertmanager names one inhibitor.
+        assert all(s == stall or (s["alertname"] == alert["alertname"]
+                                  and s["priority_class"] == alert["priority_class"]
+                                  and s["severity"] == "critical") for s in by), (alert, by)
+        if alert["severity"] == "critical" or alert["alertname"] != "SlopilotTTFTP99High":
+            assert by == [stall], (alert, by)
+    # Another namespace's chat and another deployment in team-a page on; only their own
+    # TTFT warnings go quiet, under their own criticals.
+    for alert in neighbours:
+        by = _inhibitors(verdicts, alert)
+        assert stall not in by, (alert, by)
+        if alert["severity"] == "critical" or alert["alertname"] != "SlopilotTTFTP99High":
+            assert by == [], (alert, by)
+    _agrees_with_the_model(verdicts, posted)
+
+
+def test_a_real_alertmanager_lets_a_critical_silence_its_warning_only(
+        alertmanager_factory: Callable[[dict[str, Any]], AlertmanagerServer],  # noqa: F811
+) -> None:
+    am = alertmanager_factory(null_route_config([*_docs_rules(), CANARY_RULE]))
+    rows = {(a["alertname"], a["priority_class"], a["severity"]): a
+            for a in _labels(BUILTIN_LATENCY)}
+    critical = rows["SlopilotTTFTP99High", "p0", "critical"]
+    warning = rows["SlopilotTTFTP99High", "p0", "warning"]
+    # p1's warning fires alone (its critical does not), as does p0's sustained warning.
+    other_class = rows["SlopilotTTFTP99High", "p1", "warning"]
+    other_alert = rows["SlopilotTTFTP99Sustained", "p0", "warning"]
+    posted = [critical, warning, other_class, other_alert]
+    verdicts = _judged(am, posted)
+
+    assert _inhibitors(verdicts, warning) == [critical]
+    for alone in (critical, other_class, other_alert):
+        assert _inhibitors(verdicts, alone) == [], alone
+        assert verdicts[frozenset(alone.items())]["status"]["state"] == "active", alone
+    _agrees_with_the_model(verdicts, posted)
