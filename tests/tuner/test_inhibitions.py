@@ -195,35 +195,36 @@ def _agrees_with_the_model(verdicts: Verdicts, alerts: Sequence[dict[str, str]])
         assert all(_inhibited(s, target) for s in by), (target, by)
 
 
-def test_a_real_alertmanager_lets_a_stall_page_once(
+@pytest.mark.parametrize("fault", ["SlopilotEngineStalled", "SlopilotTargetsDown"])
+def test_a_real_alertmanager_lets_a_stall_or_an_outage_page_once(
         alertmanager_factory: Callable[[dict[str, Any]], AlertmanagerServer],  # noqa: F811
-) -> None:
+        fault: str) -> None:
     am = alertmanager_factory(null_route_config([*_docs_rules(), CANARY_RULE]))
     chat = _labels(BUILTIN_LATENCY)
-    stall = next(a for a in chat if a["alertname"] == "SlopilotEngineStalled")
+    paged = next(a for a in chat if a["alertname"] == fault)
     latency = [a for a in chat if a["alertname"] in LATENCY]
     neighbours = [a for namespace, name in (("team-b", "chat"), ("team-a", "other"))
                   for a in _labels(BUILTIN_LATENCY, namespace, name)
                   if a["alertname"] in LATENCY]
-    posted = [stall, *latency, *neighbours]
+    posted = [paged, *latency, *neighbours]
     verdicts = _judged(am, posted)
 
-    assert _inhibitors(verdicts, stall) == []
+    assert _inhibitors(verdicts, paged) == []
     assert {a["alertname"] for a in latency} == set(LATENCY)
     for alert in latency:
         by = _inhibitors(verdicts, alert)
-        assert by, f"the stall does not silence {alert}"
+        assert by, f"{fault} does not silence {alert}"
         # A TTFT warning may name its critical instead: Alertmanager names one inhibitor.
-        assert all(s == stall or (s["alertname"] == alert["alertname"]
+        assert all(s == paged or (s["alertname"] == alert["alertname"]
                                   and s["priority_class"] == alert["priority_class"]
                                   and s["severity"] == "critical") for s in by), (alert, by)
         if alert["severity"] == "critical" or alert["alertname"] != "SlopilotTTFTP99High":
-            assert by == [stall], (alert, by)
+            assert by == [paged], (alert, by)
     # Another namespace's chat and another deployment in team-a page on; only their own
     # TTFT warnings go quiet, under their own criticals.
     for alert in neighbours:
         by = _inhibitors(verdicts, alert)
-        assert stall not in by, (alert, by)
+        assert paged not in by, (alert, by)
         if alert["severity"] == "critical" or alert["alertname"] != "SlopilotTTFTP99High":
             assert by == [], (alert, by)
     _agrees_with_the_model(verdicts, posted)
