@@ -54,12 +54,13 @@ ENV = re.compile(r"(?<![\w$])\$?\{?(SLOPILOT_[A-Z0-9_]*[A-Z0-9])")
 # lone camelCase name in a code span (``swapSpaceGb``, ``maxClass``).
 CR_PATH = re.compile(r"`((?:spec|status)(?:\.[A-Za-z_]\w*)+)`")
 CAMEL = re.compile(r"`([a-z][a-z0-9]*[A-Z][A-Za-z0-9]*)[`:.\[=]")
-# Kubernetes' and the Prometheus Operator's own fields the docs tell an administrator to
-# set: no CRD of slopilot's, and nothing in its code, has them.
+# Kubernetes', the Prometheus Operator's and Alertmanager's own fields the docs tell an
+# administrator to set or read: no CRD of slopilot's, and nothing in its code, has them.
 FOREIGN_FIELDS = {"excludedFromEnforcement", "enforcedSampleLimit", "enforcedLabelLimit",
                   "enforcedBodySizeLimit", "ignoreNamespaceSelectors", "resourceNames",
                   "hostNetwork", "serviceAccountName", "enforcedTargetLimit",
-                  "enforcedLabelNameLengthLimit", "enforcedLabelValueLengthLimit"}
+                  "enforcedLabelNameLengthLimit", "enforcedLabelValueLengthLimit",
+                  "inhibitedBy"}
 # Fields the docs name as gone, to say where they went.
 FORMER_FIELDS = {"status.twinProfile"}
 
