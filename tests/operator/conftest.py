@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import kubernetes.client
 import pytest
 
+from slopilot.operator import commands
 from slopilot.operator.policy import OperatorPolicy
 from tests.operator.operator_support import Cluster
 from tests.operator.standins import PrometheusStandIn, serving
@@ -88,3 +90,18 @@ def prom() -> Iterator[PrometheusStandIn]:
     p = PrometheusStandIn()
     with serving(p):
         yield p
+
+
+@pytest.fixture
+def kopf_runs(monkeypatch: pytest.MonkeyPatch) -> list[Callable[[threading.Event], None]]:
+    """``slopilot operator`` with kopf itself never started: what the command would
+    have run, recorded (and no reclaim of studies, no in-cluster login)."""
+    ran: list[Callable[[threading.Event], None]] = []
+
+    def record(run_kopf: Callable[[threading.Event], None], *_: object) -> int:
+        ran.append(run_kopf)
+        return 0
+    monkeypatch.setattr(commands, "_run_until_signalled", record)
+    monkeypatch.setattr(commands, "_reclaim", lambda namespaces: None)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    return ran

@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 
 from slopilot.cli import main
-from slopilot.operator import commands
 from slopilot.operator.daemon import (
     BASE_SCENARIO_ENV,
     SIM_WORKERS_ENV,
@@ -30,19 +29,6 @@ from slopilot.operator.policy import MAX_TRIALS_PER_HOUR_ENV
 from slopilot.tuner.loop.errors import ControllerError
 
 HUGE = "9" * 5000
-
-
-@pytest.fixture
-def kopf_runs(monkeypatch: pytest.MonkeyPatch) -> list[Callable[[threading.Event], None]]:
-    ran: list[Callable[[threading.Event], None]] = []
-
-    def record(run_kopf: Callable[[threading.Event], None], *_: object) -> int:
-        ran.append(run_kopf)
-        return 0
-    monkeypatch.setattr(commands, "_run_until_signalled", record)
-    monkeypatch.setattr(commands, "_reclaim", lambda namespaces: None)
-    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    return ran
 
 
 @pytest.mark.parametrize(("name", "raw"), [

@@ -26,20 +26,6 @@ current-context: x
 """
 
 
-@pytest.fixture
-def kopf_runs(monkeypatch: pytest.MonkeyPatch) -> list[Callable[[threading.Event], None]]:
-    """kopf itself never started: what the command would have run, recorded."""
-    ran: list[Callable[[threading.Event], None]] = []
-
-    def record(run_kopf: Callable[[threading.Event], None], *_: object) -> int:
-        ran.append(run_kopf)
-        return 0
-    monkeypatch.setattr(commands, "_run_until_signalled", record)
-    monkeypatch.setattr(commands, "_reclaim", lambda namespaces: None)
-    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    return ran
-
-
 def _exit_message(argv: list[str]) -> str:
     with pytest.raises(SystemExit) as exited:
         main(argv)

@@ -22,8 +22,7 @@ from typing import Any
 
 import yaml
 
-from tests.support.prometheus import free_port
-from tests.support.waits import WaitHung, wait_for
+from tests.support.local_server import LocalServer, start_ready
 
 
 class AlertmanagerError(RuntimeError):
@@ -53,19 +52,10 @@ def null_route_config(inhibit_rules: Sequence[Mapping[str, Any]]) -> dict[str, A
             "inhibit_rules": [dict(r) for r in inhibit_rules]}
 
 
-class AlertmanagerServer:
+class AlertmanagerServer(LocalServer):
     """A running Alertmanager; ``stop()`` (or the fixture) ends it."""
 
-    def __init__(self, process: subprocess.Popen[bytes], port: int, workdir: Path) -> None:
-        self.process = process
-        self.port = port
-        self.workdir = workdir
-        self.url = f"http://127.0.0.1:{port}"
-
-    @property
-    def log(self) -> str:
-        path = self.workdir / "alertmanager.log"
-        return path.read_text(errors="replace") if path.exists() else ""
+    LOG = "alertmanager.log"
 
     def _call(self, method: str, path: str, body: Any = None) -> Any:
         data = None if body is None else json.dumps(body).encode()
@@ -91,22 +81,6 @@ class AlertmanagerServer:
         answer: list[dict[str, Any]] = self._call("GET", "/api/v2/alerts")
         return answer
 
-    def ready(self) -> bool:
-        try:
-            with urllib.request.urlopen(self.url + "/-/ready", timeout=2) as resp:
-                return bool(resp.status == 200)
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            return False
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
-
 
 def start_alertmanager(binaries: AlertmanagerBinaries, workdir: Path,
                        config: Mapping[str, Any], *, attempts: int = 3) -> AlertmanagerServer:
@@ -115,36 +89,17 @@ def start_alertmanager(binaries: AlertmanagerBinaries, workdir: Path,
     workdir.mkdir(parents=True, exist_ok=True)
     config_path = workdir / "alertmanager.yml"
     config_path.write_text(yaml.safe_dump(dict(config), sort_keys=False))
-    last_log = ""
-    for _ in range(attempts):
-        port = free_port()
-        with (workdir / "alertmanager.log").open("wb") as log:
-            process = subprocess.Popen(
-                [str(binaries.alertmanager), f"--config.file={config_path}",
-                 f"--storage.path={workdir / 'data'}",
-                 f"--web.listen-address=127.0.0.1:{port}",
-                 # Empty: no gossip listener, so no fixed 9094 to collide on.
-                 "--cluster.listen-address=", "--log.level=warn"],
-                stdout=log, stderr=subprocess.STDOUT, cwd=workdir)
-        server = AlertmanagerServer(process, port, workdir)
 
-        def settled(s: AlertmanagerServer = server) -> bool:
-            return s.ready() or s.process.poll() is not None
-
-        def its_log(s: AlertmanagerServer = server) -> str:
-            return f"its log:\n{s.log[-2000:]}"
-
-        try:
-            wait_for(settled, f"Alertmanager ready on port {port}", diagnose=its_log)
-        except WaitHung:
-            server.stop()
-            raise
-        if server.process.poll() is None:
-            return server
-        last_log = server.log
-        if "address already in use" not in last_log:
-            break  # a bad config or flag: another port would not help
-    raise AlertmanagerError(f"Alertmanager exited at start:\n{last_log[-2000:]}")
+    def argv(port: int) -> list[str]:
+        return [str(binaries.alertmanager), f"--config.file={config_path}",
+                f"--storage.path={workdir / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
+                # Empty: no gossip listener, so no fixed 9094 to collide on.
+                "--cluster.listen-address=", "--log.level=warn"]
+    try:
+        return start_ready(AlertmanagerServer, "Alertmanager", argv, workdir,
+                           attempts=attempts, port_race_only=True)
+    except RuntimeError as exc:
+        raise AlertmanagerError(str(exc)) from None
 
 
 def amtool(binaries: AlertmanagerBinaries, *args: str | Path,

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.fixtures import missing
-from tests.support.prometheus import free_port
+from tests.support.local_server import free_port
 
 REQUIRE_ENV = "SLOPILOT_REQUIRE_POSTGRES"
 USER = "optuna"

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import urllib.error
 import urllib.parse
@@ -25,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from tests.support.waits import WaitHung, wait_for
+from tests.support.local_server import LocalServer, start_ready
 
 
 class PrometheusError(RuntimeError):
@@ -45,13 +44,6 @@ def find_binaries() -> PrometheusBinaries | None:
     if not prom or not tool or not Path(prom).is_file() or not Path(tool).is_file():
         return None
     return PrometheusBinaries(Path(prom), Path(tool))
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @dataclass(frozen=True)
@@ -90,19 +82,10 @@ def write_config(path: Path, *, targets: Sequence[ScrapeTarget], rule_files: Seq
     path.write_text(yaml.safe_dump(config, sort_keys=False))
 
 
-class PrometheusServer:
+class PrometheusServer(LocalServer):
     """A running Prometheus; ``stop()`` (or the fixture) ends it."""
 
-    def __init__(self, process: subprocess.Popen[bytes], port: int, workdir: Path) -> None:
-        self.process = process
-        self.port = port
-        self.workdir = workdir
-        self.url = f"http://127.0.0.1:{port}"
-
-    @property
-    def log(self) -> str:
-        path = self.workdir / "prometheus.log"
-        return path.read_text(errors="replace") if path.exists() else ""
+    LOG = "prometheus.log"
 
     def get(self, path: str, params: Mapping[str, str] | None = None) -> Any:
         url = self.url + path
@@ -132,22 +115,6 @@ class PrometheusServer:
         alerts: list[dict[str, Any]] = answer["data"]["alerts"]
         return alerts
 
-    def ready(self) -> bool:
-        try:
-            with urllib.request.urlopen(self.url + "/-/ready", timeout=2) as resp:
-                return bool(resp.status == 200)
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            return False
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
-
 
 def start_prometheus(binaries: PrometheusBinaries, workdir: Path, *,
                      targets: Sequence[ScrapeTarget] = (), rule_files: Sequence[Path] = (),
@@ -159,33 +126,17 @@ def start_prometheus(binaries: PrometheusBinaries, workdir: Path, *,
     write_config(config, targets=targets, rule_files=rule_files,
                  scrape_interval_s=scrape_interval_s,
                  evaluation_interval_s=evaluation_interval_s)
-    last_log = ""
-    for _ in range(attempts):
-        port = free_port()
-        with (workdir / "prometheus.log").open("wb") as log:
-            process = subprocess.Popen(
-                [str(binaries.prometheus), f"--config.file={config}",
-                 f"--storage.tsdb.path={workdir / 'data'}",
-                 f"--web.listen-address=127.0.0.1:{port}",
-                 "--web.enable-lifecycle", "--log.level=warn"],
-                stdout=log, stderr=subprocess.STDOUT, cwd=workdir)
-        server = PrometheusServer(process, port, workdir)
 
-        def settled(s: PrometheusServer = server) -> bool:
-            return s.ready() or s.process.poll() is not None
-
-        def its_log(s: PrometheusServer = server) -> str:
-            return f"its log:\n{s.log[-2000:]}"
-
-        try:
-            wait_for(settled, f"Prometheus ready on port {port}", diagnose=its_log)
-        except WaitHung:
-            server.stop()
-            raise
-        if server.process.poll() is None:
-            return server
-        last_log = server.log  # exited: most likely the port was taken meanwhile
-    raise PrometheusError(f"Prometheus exited at start ({attempts} tries):\n{last_log[-2000:]}")
+    def argv(port: int) -> list[str]:
+        return [str(binaries.prometheus), f"--config.file={config}",
+                f"--storage.tsdb.path={workdir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}", "--web.enable-lifecycle",
+                "--log.level=warn"]
+    try:
+        # An exit is most likely the port taken meanwhile: each try another.
+        return start_ready(PrometheusServer, "Prometheus", argv, workdir, attempts=attempts)
+    except RuntimeError as exc:
+        raise PrometheusError(f"{exc} ({attempts} tries)") from None
 
 
 def promtool(binaries: PrometheusBinaries, *args: str | Path,

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tests.support.prometheus import free_port
+from tests.support.local_server import free_port
 
 
 def find_postgres() -> Path | None:

@@ -125,14 +125,12 @@ def test_a_body_at_the_deployments_limits_is_forwarded(tmp_path: Path) -> None:
     assert meter.arrivals == 16
 
 
-@pytest.mark.parametrize(("max_model_len", "status"), [(4096, 413), (32_768, 200)])
-def test_the_bound_follows_the_context_vllm_gives(tmp_path: Path, max_model_len: int,
-                                                  status: int) -> None:
-    """1,000,000 items: past 16 x 4,096 + 2 x 262,144 + 65,536 = 655,360, within
-    16 x 32,768 + ... = 1,114,112; both well within the default's bound."""
-    upstream = _Vllm(max_model_len)
+def _chat_of_a_million_items(tmp_path: Path, upstream: _Vllm, **kw: Any
+                             ) -> tuple[Meter, int, dict[str, str], bytes]:
+    """A meter (``kw``: its own arguments) started over ``upstream``, asked for a chat
+    completion of 1,000,000 ignored items once it knows the context; its answer."""
     now = [0.0]
-    meter = meter_for(tmp_path, upstream, now)
+    meter = meter_for(tmp_path, upstream, now, **kw)
     upstream.answer([event(text="a", finish="stop"), DONE])
 
     async def go() -> tuple[int, dict[str, str], bytes]:
@@ -142,7 +140,17 @@ def test_the_bound_follows_the_context_vllm_gives(tmp_path: Path, max_model_len:
         await life()
         return got
 
-    got, _, body = run(go)
+    status, headers, body = run(go)
+    return meter, status, headers, body
+
+
+@pytest.mark.parametrize(("max_model_len", "status"), [(4096, 413), (32_768, 200)])
+def test_the_bound_follows_the_context_vllm_gives(tmp_path: Path, max_model_len: int,
+                                                  status: int) -> None:
+    """1,000,000 items: past 16 x 4,096 + 2 x 262,144 + 65,536 = 655,360, within
+    16 x 32,768 + ... = 1,114,112; both well within the default's bound."""
+    upstream = _Vllm(max_model_len)
+    meter, got, _, body = _chat_of_a_million_items(tmp_path, upstream)
     assert got == status
     if status == 413:
         assert "655,360 JSON values" in json.loads(body)["error"]["message"]
@@ -158,18 +166,7 @@ def test_a_context_given_on_the_command_line_is_the_bound_and_vllm_is_not_asked(
     holds no key), which left the 131,072-token default: ``--max-model-len`` states it,
     as vLLM's own flag does, and the meter asks nothing."""
     upstream = _Vllm(4096)
-    now = [0.0]
-    meter = meter_for(tmp_path, upstream, now, max_model_len=4096)
-    upstream.answer([event(text="a", finish="stop"), DONE])
-
-    async def go() -> tuple[int, dict[str, str], bytes]:
-        life = await _learned(meter, upstream)
-        got = await Client(meter, now).request(
-            "POST", "/v1/chat/completions", raw=_ignored(1_000_000), written_at=[0.1, 0.1])
-        await life()
-        return got
-
-    status, _, body = run(go)
+    _, status, _, body = _chat_of_a_million_items(tmp_path, upstream, max_model_len=4096)
     assert status == 413 and "4,096-token context" in json.loads(body)["error"]["message"]
     assert upstream.model_asks == 0 and upstream.requests == []
 
