@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import platform
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -446,27 +447,64 @@ def test_a_second_build_cannot_join_the_loaded_one(native: TorchKernels,
 
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"),
                     reason="the avx2 build needs an x86 compiler")
-def test_the_build_command_compiles_into_the_directory_given(tmp_path: Path) -> None:
-    """What the image runs: several builds in one command (each loads its library, and
-    two in one process would both register torch.ops.slopilot); the generic and avx2
-    builds, which compile on any x86 CPU."""
+def test_the_build_command_compiles_into_the_directory_given(native: TorchKernels,
+                                                             tmp_path: Path) -> None:
+    """What the image runs: several builds in one command, each in a child of its own
+    (a build loads its library, and two in one process would both register
+    torch.ops.slopilot). One is compiled here from nothing (generic, or avx2 where this
+    CPU's build is generic: both compile on any x86 CPU); the other is this session's
+    own build, put there first, which the command keeps as it is: its name is its
+    source, torch and flags. (A second compile would cost a minute of CPU and show
+    nothing the first does not; the dispatch to children is checked on its own below.)"""
+    session = nk.kernel_build(nk.cpu_isa())  # built (or found) for ``native``
+    fresh = "avx2" if session.isa == "generic" else "generic"
+    kept = nk.kernel_build(session.isa, tmp_path)
+    kept.directory.mkdir(parents=True)
+    shutil.copy2(session.library, kept.library)
+    before = kept.library.stat()
     done = subprocess.run(
         [sys.executable, "-m", "slopilot.engine.executors.native_kernels", "build",
-         "--isa", "generic", "--isa", "avx2", "--dir", str(tmp_path)],
+         "--isa", fresh, "--isa", session.isa, "--dir", str(tmp_path)],
         capture_output=True, text=True, check=False,
         env={**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
     assert done.returncode == 0, done.stderr[-2000:]
-    builds = [nk.kernel_build(isa, tmp_path) for isa in ("generic", "avx2")]
-    assert done.stdout.split() == [str(b.library) for b in builds]
-    assert all(b.library.is_file() for b in builds)
+    built = nk.kernel_build(fresh, tmp_path)
+    assert done.stdout.split() == [str(built.library), str(kept.library)]
+    assert built.library.is_file()
+    after = kept.library.stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
     # A fresh process loads it and runs an op without building anything.
     probe = ("import torch; from slopilot.engine.executors import native_kernels as nk; "
-             f"from pathlib import Path; nk.load_library(nk.kernel_build('generic', "
+             f"from pathlib import Path; nk.load_library(nk.kernel_build({fresh!r}, "
              f"Path({str(tmp_path)!r}))); "
              "print(torch.ops.slopilot.silu_and_mul(torch.zeros(1, 4)).shape)")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                          check=False)
     assert out.returncode == 0 and "torch.Size([1, 2])" in out.stdout, out.stderr[-2000:]
+
+
+def test_several_builds_in_one_command_are_each_built_in_a_child(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The command's own process compiles none of several builds (each would load its
+    library there), and prints their libraries in the order asked."""
+    children: list[str] = []
+
+    def child(build: nk.KernelBuild, timeout_s: float = nk.BUILD_TIMEOUT_S) -> Path:
+        children.append(build.isa)
+        return build.library
+
+    def here(build: nk.KernelBuild) -> Path:
+        raise AssertionError(f"{build.isa} compiled in the command's own process")
+
+    monkeypatch.setattr(nk, "build_in_child", child)
+    monkeypatch.setattr(nk, "compile_library", here)
+    isas = ["avx2", "generic", "avx512"]
+    assert nk.main(["build", *(a for isa in isas for a in ("--isa", isa)),
+                    "--dir", str(tmp_path)]) == 0
+    assert sorted(children) == sorted(isas)
+    assert capsys.readouterr().out.split() == [
+        str(nk.kernel_build(isa, tmp_path).library) for isa in isas]
 
 
 @pytest.mark.parametrize("mode", ["native", "torch"])

@@ -120,7 +120,12 @@ def kernel_build(isa: str, root: Path | None = None) -> KernelBuild:
 
 
 def compile_library(build: KernelBuild) -> Path:
-    """Compile in this process (needs ninja and a C++ compiler on PATH)."""
+    """Compile in this process (needs ninja and a C++ compiler on PATH), unless the
+    library is already there: its name is its source, torch and flags, and it is only
+    ever renamed into place whole, so one found is this build (a corrupt one is
+    ``load_library``'s to report)."""
+    if build.library.is_file():
+        return build.library
     from torch.utils import cpp_extension
 
     # Built apart and renamed into place: a process that finds the library finds it
