@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from bisect import bisect_left
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -233,8 +234,9 @@ class SimCluster:
         """Requests that arrived on the replicas measured a second in ``[start, end)``."""
         if end <= start:
             raise ValueError(f"window [{start}, {end}) is empty")
-        return sum(1 for rep in self._measured(canary) for t in rep.recorder.ev.arrived
-                   if start <= t < end) / (end - start)
+        return sum(bisect_left(arrived, end) - bisect_left(arrived, start)
+                   for arrived in (rep.recorder.ev.arrived for rep in self._measured(canary))
+                   ) / (end - start)
 
     def summary(self, start: float, end: float, *, canary: bool = False) -> WindowSummary:
         """The figures of ``[start, end)``: every replica, or the canary alone."""
@@ -245,8 +247,7 @@ class SimCluster:
         ev = _Events()
         for rep in reps:
             for name in ("ttft", "gaps", "finished", "steps", "refused"):
-                rows = getattr(rep.recorder.ev, name)
-                getattr(ev, name).extend(r for r in rows if start <= r[0] < end)
+                getattr(ev, name).extend(_within(getattr(rep.recorder.ev, name), start, end))
         classes = {p: _figures([v for _, c, v in ev.ttft if c == p],
                                [v for _, c, v in ev.gaps if c == p],
                                [(ok, n) for _, c, ok, n, _ in ev.finished if c == p],
@@ -262,6 +263,19 @@ class SimCluster:
             # The canary's own arrivals in a canary window, as its selected series read.
             request_rate=self.arrival_rate(start, end, canary=canary),
             window=Window(start, end, canary))
+
+
+def _within(rows: list[Any], start: float, end: float) -> list[Any]:
+    """The rows of ``[start, end)`` by their first field, their time. A replica's rows
+    are in time order as written: its clock only moves forward, and arrivals (the time of
+    a refusal) come in order. Found by bisection: a window read each tick scanned every
+    row of the run so far (tests/tuner/test_bursty_scale_down.py: 46 -> 42 s of CPU)."""
+    lo = bisect_left(rows, start, key=_at)
+    return rows[lo:bisect_left(rows, end, lo, key=_at)]
+
+
+def _at(row: tuple[Any, ...]) -> Any:
+    return row[0]
 
 
 def _figures(ttft: list[float], gaps: list[float], done: list[tuple[bool, int]],

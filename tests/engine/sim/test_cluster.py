@@ -115,3 +115,35 @@ def test_the_windows_read_the_queue_a_trial_inherits_and_its_drain() -> None:
     drained = windows.queue(70.0, canary=False)
     assert drained is not None and drained.waiting <= 1
     assert drained.arrivals_per_s == pytest.approx(3.0, rel=0.3)
+
+
+def test_a_windows_rows_are_found_by_time_as_a_scan_finds_them() -> None:
+    """``summary`` bisects each replica's rows by time: they must be written in time
+    order (retired replicas', refusals' and a scaled cluster's too), and a window's rows
+    are then the ones a scan of every row keeps."""
+    knobs = {**SCENARIO.engine, "max_num_seqs": 2, "max_waiting": 2}
+    cluster = SimCluster(SCENARIO, knobs, replicas=2, seed=0, duration_s=30)
+    dep = SimDeployment(cluster)
+    cluster.advance(10.0)
+    dep.scale(3)
+    cluster.advance(20.0)
+    dep.scale(1)
+    cluster.advance(30.0)
+    reps = cluster.reps + cluster.retired
+    assert cluster.retired and any(rep.recorder.ev.refused for rep in reps)
+    for rep in reps:
+        ev = rep.recorder.ev
+        for name in ("ttft", "gaps", "finished", "steps", "refused", "iterations"):
+            times = [row[0] for row in getattr(ev, name)]
+            assert times == sorted(times), name
+        assert ev.arrived == sorted(ev.arrived)
+    for start, end in [(0.0, 30.0), (5.0, 12.5), (12.5, 12.6), (29.0, 45.0)]:
+        s = cluster.summary(start, end)
+        ttft = [r for rep in reps for r in rep.recorder.ev.ttft if start <= r[0] < end]
+        done = [r for rep in reps for r in rep.recorder.ev.finished if start <= r[0] < end]
+        refused = [r for rep in reps for r in rep.recorder.ev.refused if start <= r[0] < end]
+        arrived = [t for rep in reps for t in rep.recorder.ev.arrived if start <= t < end]
+        assert s.overall.requests_finished == len(done)
+        assert s.overall.requests_refused == len(refused)
+        assert s.overall.ttft_samples == len(ttft) + len(refused)
+        assert s.request_rate == len(arrived) / (end - start)
