@@ -72,11 +72,15 @@ def status_schema() -> dict[str, Any]:
             "resumes it instead of acting twice."),
         "tunedConfig": _obj({
             "engine": _knobs("The knobs every replica runs."),
-            "base": _str("Hash of spec.engine and spec.slo they were tuned from."),
+            "base": _str("Hash of spec.engine and spec.slo they were tuned from (their "
+                         "members equal to the CRD's defaults left out)."),
+            "backend": _str("The backend they were tuned on (absent: the spec's)."),
+            "model": _str("The model they were tuned for, spec.model.path or else its "
+                          "name (absent: the spec's)."),
             "trial": {"type": "boolean"},
             "committed": _knobs("During a trial: the committed knobs it runs over."),
-        }, desc="Knobs committed by the tuner (engine) and a hash of the spec they were "
-                "tuned from (base); during a trial on every replica, the trial's knobs "
+        }, desc="Knobs committed by the tuner (engine), a hash of the spec they were "
+                "tuned from (base), the backend and model they were tuned on; during a trial on every replica, the trial's knobs "
                 "(trial: true) beside the committed ones (committed)."),
         "pods": _obj({
             "notConfigured": {

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import hashlib
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
@@ -23,6 +21,7 @@ from slopilot.engine.config import PRESETS, ConfigError, EngineConfig, coerce_kn
 from slopilot.operator.pod_layout import SCRAPE_INTERVAL_S
 from slopilot.operator.spec_reader import SpecReader, parse_duration
 from slopilot.operator.study_storage import sqlite_sidecar_problem
+from slopilot.operator.tuned_base import TunedOn, base_matches, moved_from, spec_checksum
 from slopilot.tuner.loop.settings import (
     DEFAULT_CLASS_REQUESTS,
     DEFAULT_MAX_TRIAL_S,
@@ -184,23 +183,39 @@ def bound_problem(name: str, where: str, written: Mapping[str, int], engine: Eng
 
 
 def engine_checksum(body: Mapping[str, Any]) -> str:
-    """Which spec a tuned config was tuned from: a hash of ``spec.engine`` and ``spec.slo``."""
-    spec = body.get("spec") or {}
-    payload = {"engine": spec.get("engine") or {}, "slo": spec.get("slo") or {}}
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+    """Which spec a tuned config was tuned from: a hash of ``spec.engine`` and
+    ``spec.slo`` as the parse reads them, their CRD defaults or none (tuned_base.py)."""
+    return spec_checksum(body)
 
 
-def _tuned(body: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """``status.tunedConfig`` where it belongs to this spec (tuned from this
-    ``spec.engine`` and ``spec.slo``); None when there is none or an edit made it stale."""
+def _recorded(body: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """``status.tunedConfig`` where it was tuned from this ``spec.engine`` and
+    ``spec.slo``, whatever backend and model; None when there is none or an edit of
+    those sections made it stale."""
     status = body.get("status")
     tuned = status.get("tunedConfig") if isinstance(status, Mapping) else None
     # The status subresource is the operator's, but whoever may write it (an older
     # release, a tenant granted it) can leave anything there: what is not ours is none.
-    if not isinstance(tuned, Mapping) or tuned.get("base") != engine_checksum(body) \
-            or not isinstance(tuned.get("engine"), dict):
+    if not isinstance(tuned, Mapping) or not isinstance(tuned.get("engine"), dict) \
+            or not base_matches(tuned.get("base"), body):
         return None
     return tuned
+
+
+def _tuned(body: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """``status.tunedConfig`` where it belongs to this spec (tuned from this
+    ``spec.engine`` and ``spec.slo``, on this backend and model); None when there is
+    none, or an edit or a switch made it stale."""
+    tuned = _recorded(body)
+    return None if tuned is None or moved_from(tuned, body) is not None else tuned
+
+
+def tuned_left_behind(body: Mapping[str, Any]) -> str | None:
+    """Why the committed ``status.tunedConfig`` of this spec's sections is not run: it
+    was tuned on another backend or model (said as a spec warning); None otherwise. An
+    edit of the sections themselves leaves it behind unsaid, as it always has."""
+    tuned = _recorded(body)
+    return None if tuned is None else moved_from(tuned, body)
 
 
 def trial_recorded(body: Mapping[str, Any]) -> bool:
@@ -229,7 +244,8 @@ def tuned_record(body: Mapping[str, Any], engine: Mapping[str, Any] | None, *,
     overtaken by another's, its state reset) gives back. None: nothing committed."""
     if engine is None:
         return None
-    out: dict[str, Any] = {"engine": dict(engine), "base": engine_checksum(body)}
+    out: dict[str, Any] = {"engine": dict(engine), "base": engine_checksum(body),
+                           **TunedOn.of(body).fields()}
     if trial:
         out["trial"] = True
         if (committed := committed_overlay(body)) is not None:

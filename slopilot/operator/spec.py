@@ -33,6 +33,7 @@ from slopilot.operator.knobs import (
     engine_config,
     spec_path,
     tuned_config,
+    tuned_left_behind,
     tuning_section,
     vllm_block_size_problem,
 )
@@ -244,6 +245,8 @@ def parse_spec(body: Mapping[str, Any]) -> LLMDeploymentSpec:
     alerts = _alerts(spec, r)
     running = tuned_config(body, engine)
     warnings: list[str] = []
+    if (left := tuned_left_behind(body)) is not None:
+        warnings.append(left)
     tuning = tuning_section(spec, engine, running,
                             VLLM_APPLIES if backend is Backend.VLLM else None, r, warnings)
     warnings += unreachable_rows(slo, alerts, VLLM_LATENCY if backend is Backend.VLLM

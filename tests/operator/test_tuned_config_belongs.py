@@ -1,0 +1,193 @@
+"""Which spec ``status.tunedConfig`` belongs to: its sections as the parse reads them (a
+CRD upgrade that adds a default changes nothing), the backend and model it was tuned on
+(a switch leaves it behind, and says so), and a record an earlier release wrote."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import kubernetes.client
+
+from slopilot.operator.crd import API_VERSION, PLURAL, crd_manifest
+from slopilot.operator.kubeapi import Kube
+from slopilot.operator.knobs import engine_checksum, tuned_overlay, tuned_record
+from slopilot.operator.policy import OperatorPolicy
+from slopilot.operator.reconcile import reconcile
+from slopilot.operator.spec import parse_spec
+from tests.operator.operator_support import NS, Cluster, llmd, operator_mint
+from tests.support.crd_schema import apply_defaults, served_schema
+from tests.support.kube_server import RunningEmulator
+
+
+def released_checksum(body: Mapping[str, Any]) -> str:
+    """``engine_checksum`` as the release of 2026-12-06 wrote it: the raw JSON's hash,
+    every default the API server had filled in included."""
+    spec = body.get("spec") or {}
+    payload = {"engine": spec.get("engine") or {}, "slo": spec.get("slo") or {}}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def crd_before_vllm_class_default() -> dict[str, Any]:
+    """Today's CRD without ``spec.slo.vllmClass``'s default, as the CRD was before
+    2c878dc gave it one."""
+    crd = copy.deepcopy(crd_manifest())
+    for version in crd["spec"]["versions"]:
+        slo = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["slo"]
+        del slo["properties"]["vllmClass"]["default"]
+    return crd
+
+
+def record(kube_client: kubernetes.client.ApiClient, tuned: Mapping[str, Any]) -> None:
+    Kube(kube_client).patch(API_VERSION, PLURAL, NS, "chat",
+                            {"status": {"tunedConfig": dict(tuned)}}, subresource="status")
+
+
+def vllm_args(kube_client: kubernetes.client.ApiClient) -> list[str]:
+    d = Kube(kube_client).get("apps/v1", "deployments", NS, "chat")
+    assert d is not None
+    container = next(c for c in d["spec"]["template"]["spec"]["containers"]
+                     if "--max-num-seqs" in (c.get("args") or c.get("command") or []))
+    return list(container.get("args") or container["command"])
+
+
+def arg(args: list[str], flag: str) -> str:
+    return args[args.index(flag) + 1]
+
+
+# --- D2: the checksum over what the parse reads, defaults or none -----------------------
+
+def test_the_checksum_is_the_same_before_and_after_the_crds_defaults_apply() -> None:
+    schema = served_schema(crd_manifest())
+    for spec in ({"model": {"name": "smollm2-135m"}},
+                 {"model": {"name": "smollm2-135m"}, "slo": {"profile": "strict"},
+                  "engine": {"tokenBudget": 2048, "preemption": {"mode": "swap"}}},
+                 {"model": {"name": "smollm2-135m"}, "slo": {"vllmClass": "p1"}}):
+        raw = llmd(**{k: v for k, v in spec.items() if k != "model"})
+        defaulted = apply_defaults(schema, raw)
+        assert defaulted["spec"]["slo"] != raw["spec"].get("slo")  # the CRD did default
+        assert engine_checksum(defaulted) == engine_checksum(raw), spec
+
+
+def test_a_value_the_user_changes_still_changes_the_checksum() -> None:
+    schema = served_schema(crd_manifest())
+    base = apply_defaults(schema, llmd(slo={"profile": "standard"}))
+    for edit in ({"slo": {"vllmClass": "p1"}}, {"slo": {"profile": "strict"}},
+                 {"engine": {"tokenBudget": 2048}}):
+        edited = copy.deepcopy(base)
+        for section, values in edit.items():
+            edited["spec"].setdefault(section, {}).update(values)
+        assert engine_checksum(edited) != engine_checksum(base), edit
+
+
+def test_an_old_releases_record_keeps_its_config_through_a_crd_default_upgrade(
+        kube: RunningEmulator, kube_client: kubernetes.client.ApiClient) -> None:
+    """The reviewer's case: a CR created under the CRD before ``vllmClass`` had a
+    default, its config recorded by the release of that day; today's CRD applied."""
+    kube.install(crd_before_vllm_class_default())
+    cluster = Cluster(kube_client)
+    cluster.create(llmd(slo={"profile": "standard"}))
+    body = cluster.get()
+    assert "vllmClass" not in body["spec"]["slo"]
+    engine = parse_spec(body).engine.to_dict()
+    engine.update(token_budget=2048, chunk_size=256)
+    record(kube_client, {"engine": engine, "base": released_checksum(body)})
+    assert parse_spec(cluster.get()).engine.token_budget == 2048
+    new = crd_manifest()
+    Kube(kube_client).patch("apiextensions.k8s.io/v1", "customresourcedefinitions", None,
+                            new["metadata"]["name"], {"spec": new["spec"]})
+    # A write admits the object with today's defaults (an API server fills them on read).
+    cluster.patch("chat", {"metadata": {"labels": {"team": "a"}}})
+    body = cluster.get()
+    assert body["spec"]["slo"]["vllmClass"] == "p0"
+    assert tuned_overlay(body) is not None
+    assert parse_spec(body).engine.token_budget == 2048
+
+
+def test_a_record_todays_release_wrote_still_belongs_after_the_upgrade(
+        kube: RunningEmulator, kube_client: kubernetes.client.ApiClient) -> None:
+    """This release's checksum is another form: a record in the old one (written under
+    today's CRD, its defaults in the hash) is not dropped by the upgrade to it, nor is
+    one whose spec writes a default out itself."""
+    kube.install(crd_manifest())
+    cluster = Cluster(kube_client)
+    cluster.create(llmd(slo={"profile": "standard", "maxPreemptionsPerMinute": 10},
+                        engine={"tokenBudget": 1024}))
+    body = cluster.get()
+    engine = parse_spec(body).engine.to_dict()
+    engine.update(token_budget=2048, chunk_size=256)
+    record(kube_client, {"engine": engine, "base": released_checksum(body)})
+    assert released_checksum(body) != engine_checksum(body)  # another form indeed
+    assert parse_spec(cluster.get()).engine.token_budget == 2048
+    # ... and an edit still leaves it behind, in either form
+    cluster.patch("chat", {"spec": {"slo": {"profile": "strict"}}})
+    assert tuned_overlay(cluster.get()) is None
+
+
+# --- D1: the backend and the model a config was tuned on -------------------------------
+
+def test_a_backend_switch_leaves_the_builtin_tuned_config_behind_and_says_so(
+        kube: RunningEmulator, kube_client: kubernetes.client.ApiClient) -> None:
+    kube.install(crd_manifest())
+    cluster = Cluster(kube_client)
+    cluster.create(llmd(backend="builtin", tuning={"enabled": True}))
+    policy = OperatorPolicy()
+    reconcile(Kube(kube_client), cluster.get(), policy=policy, mint=operator_mint(cluster))
+    body = cluster.get()
+    engine = parse_spec(body).engine.to_dict()
+    engine.update(token_budget=128, chunk_size=64, max_num_seqs=8)
+    tuned = tuned_record(body, engine, trial=False)
+    assert tuned is not None and tuned["backend"] == "builtin"
+    record(kube_client, tuned)
+    assert parse_spec(cluster.get()).engine.max_num_seqs == 8
+    cluster.patch("chat", {"spec": {"backend": "vllm"}})
+    body = cluster.get()
+    assert tuned_overlay(body) is None
+    spec = parse_spec(body)
+    said = [w for w in spec.warnings if "status.tunedConfig" in w]
+    assert len(said) == 1 and "backend builtin" in said[0] and "vllm" in said[0], said
+    out = reconcile(Kube(kube_client), body, policy=policy, mint=operator_mint(cluster))
+    assert out.valid and said[0] in out.warnings
+    args = vllm_args(kube_client)
+    assert arg(args, "--max-num-seqs") == "256"
+    assert arg(args, "--long-prefill-token-threshold") == "512"
+    # and back: the built-in engine's own tuned config belongs to it again
+    cluster.patch("chat", {"spec": {"backend": "builtin"}})
+    assert parse_spec(cluster.get()).engine.max_num_seqs == 8
+
+
+def test_a_model_switch_leaves_the_tuned_config_behind(
+        kube: RunningEmulator, kube_client: kubernetes.client.ApiClient) -> None:
+    kube.install(crd_manifest())
+    cluster = Cluster(kube_client)
+    cluster.create(llmd(backend="vllm"))
+    body = cluster.get()
+    engine = parse_spec(body).engine.to_dict()
+    engine.update(max_num_seqs=8)
+    record(kube_client, tuned_record(body, engine, trial=False) or {})
+    assert tuned_overlay(cluster.get()) is not None
+    cluster.patch("chat", {"spec": {"model": {"name": "meta-llama/Llama-3.1-70B-Instruct"}}})
+    body = cluster.get()
+    assert tuned_overlay(body) is None
+    assert parse_spec(body).engine.max_num_seqs == 256
+    said = [w for w in parse_spec(body).warnings if "status.tunedConfig" in w]
+    assert len(said) == 1 and "smollm2-135m" in said[0] and "Llama-3.1-70B" in said[0]
+
+
+def test_a_record_without_backend_or_model_belongs_to_the_current_ones(
+        kube: RunningEmulator, kube_client: kubernetes.client.ApiClient) -> None:
+    """Today's release recorded neither: absent means the current, so the upgrade to
+    this one keeps every such record, and no warning is said for it."""
+    kube.install(crd_manifest())
+    cluster = Cluster(kube_client)
+    cluster.create(llmd(backend="vllm"))
+    body = cluster.get()
+    engine = parse_spec(body).engine.to_dict()
+    engine.update(max_num_seqs=8)
+    record(kube_client, {"engine": engine, "base": released_checksum(body)})
+    body = cluster.get()
+    assert parse_spec(body).engine.max_num_seqs == 8
+    assert not [w for w in parse_spec(body).warnings if "status.tunedConfig" in w]
