@@ -183,18 +183,22 @@ def study_name(namespace: str, name: str, uid: str) -> str:
 def open_deployment_study(ctx: DaemonContext, space: SearchSpace) -> optuna.Study:
     """The deployment's study that ``space`` can be asked in (``study_family.py``): its
     own, or, where its trials were run under a space Optuna cannot go on in (an upgrade
-    that changed a knob's choices, kind or ``log``), the space's successor, which is
-    said once, as it is made: in the log and as an event on the CR."""
-    from slopilot.tuner.study.study_family import open_for_space
+    that changed a knob's choices, kind or ``log``) or on another backend or model, the
+    successor of the space (and the backend and model), which is said once, as it is
+    made: in the log and as an event on the CR."""
+    from slopilot.tuner.study.study_family import StudyTarget, open_for_space
 
-    found = open_for_space(ctx.storage, study_name(ctx.namespace, ctx.name, ctx.uid), space)
+    target = StudyTarget(ctx.spec.backend.value, ctx.spec.model_ref)
+    found = open_for_space(ctx.storage, study_name(ctx.namespace, ctx.name, ctx.uid), space,
+                           target)
     move = found.move
     if move is not None and move.made:
         log.warning("%s/%s: %s", ctx.namespace, ctx.name, move.message())
         ctx.warn(SPACE_CHANGED, move.message())
     elif move is not None:
-        log.info("%s/%s: tuning goes on in study %s (the search space changed since %s)",
-                 ctx.namespace, ctx.name, move.successor, move.base)
+        log.info("%s/%s: tuning goes on in study %s (the search space, or the backend or "
+                 "model, changed since %s)", ctx.namespace, ctx.name, move.successor,
+                 move.base)
     return found.study
 
 

@@ -110,3 +110,24 @@ def test_a_study_of_todays_space_stays_the_one_study(tmp_path: Path) -> None:
     ctl = build(tmp_path, told)
     assert ctl.study.study.study_name == BASE and not told
     assert optuna.get_all_study_names(storage_of(tmp_path)) == [BASE]
+
+
+def test_a_backend_switch_goes_on_in_a_study_of_its_own_and_says_so(tmp_path: Path) -> None:
+    """vLLM's space is a subset of the built-in engine's, so no space conflict moved it:
+    the vLLM loop's sampler went on from the built-in engine's trials."""
+    told: list[tuple[str, str]] = []
+    ctx = context(tmp_path)
+    builtin = prometheus_controller(
+        type(ctx)(**{**ctx.__dict__, "warn": lambda reason, msg: told.append((reason, msg))}))
+    number, _ = builtin.study.ask()
+    builtin.study.tell_failed(number, "episode ended")
+    builtin.study.close()
+    assert builtin.study.study.study_name == BASE and told == []
+    ctx = context(tmp_path, backend="vllm")
+    vllm = prometheus_controller(
+        type(ctx)(**{**ctx.__dict__, "warn": lambda reason, msg: told.append((reason, msg))}))
+    successor = vllm.study.study.study_name
+    assert successor != BASE and successor.startswith(BASE + "/space-")
+    assert vllm.study.study.get_trials(deepcopy=False) == []
+    assert [reason for reason, _ in told] == ["StudySpaceChanged"]
+    assert "backend builtin" in told[0][1] and "backend vllm" in told[0][1], told

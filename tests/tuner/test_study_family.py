@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import optuna
@@ -12,6 +13,7 @@ from slopilot.tuner.study.space import SearchSpace
 from slopilot.tuner.study.space_fit import conflicts, fingerprint, space_distributions
 from slopilot.tuner.study.storage import open_study
 from slopilot.tuner.study.study_family import (
+    StudyTarget,
     base_of,
     delete_family,
     in_family,
@@ -83,3 +85,53 @@ def test_delete_family_deletes_the_base_and_its_successors_only(tmp_path: Path) 
         open_study(storage, name)
     assert sorted(delete_family(storage, "team/chat/u1")) == sorted(names[:3])
     assert sorted(optuna.get_all_study_names(storage)) == sorted(names[3:])
+
+
+def told(study: optuna.Study, space: SearchSpace, *values: float) -> None:
+    """Trials of ``space`` with ``values``, asked and told as the loop's sampler would."""
+    dists = space_distributions(space)
+    with warnings.catch_warnings():  # the heartbeat storage's note on ask outside optimize
+        warnings.simplefilter("ignore", UserWarning)
+        for value in values:
+            study.tell(study.ask(dists), value)
+
+
+def test_a_backend_switch_goes_on_in_a_study_of_its_own_and_back(tmp_path: Path) -> None:
+    """vLLM's space is a subset of the built-in engine's, which Optuna would take in one
+    study: its sampler then learned from the other engine's trials."""
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    builtin, vllm = StudyTarget("builtin", "smollm2-135m"), StudyTarget("vllm", "smollm2-135m")
+    full = SearchSpace.from_bounds({})
+    subset = SearchSpace.from_bounds({}, applies=frozenset(
+        {"token_budget", "chunk_size", "max_num_seqs"}))
+    assert conflicts([], space_distributions(subset)) == []
+    first = open_for_space(storage, "ns/chat/u1", full, builtin)
+    assert first.move is None
+    told(first.study, full, 50.0, 80.0)
+    moved = open_for_space(storage, "ns/chat/u1", subset, vllm)
+    assert moved.move is not None and moved.move.made
+    assert moved.study.study_name == moved.move.successor != "ns/chat/u1"
+    assert in_family("ns/chat/u1", moved.study.study_name)
+    assert moved.study.trials == []
+    assert "backend builtin" in moved.move.message() and "backend vllm" in moved.move.message()
+    told(moved.study, subset, 60.0)
+    again = open_for_space(storage, "ns/chat/u1", subset, vllm)
+    assert again.move is not None and not again.move.made
+    assert again.study.study_name == moved.study.study_name and len(again.study.trials) == 1
+    back = open_for_space(storage, "ns/chat/u1", full, builtin)
+    assert back.move is None and [t.value for t in back.study.trials] == [50.0, 80.0]
+    other_model = open_for_space(storage, "ns/chat/u1", full,
+                                 StudyTarget("builtin", "tiny-random"))
+    assert other_model.move is not None and other_model.study.trials == []
+    assert len(delete_family(storage, "ns/chat/u1")) == 3
+
+
+def test_a_study_made_before_targets_were_recorded_is_the_current_targets(
+        tmp_path: Path) -> None:
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    space = SearchSpace.from_bounds({})
+    told(open_study(storage, "ns/chat/u1"), space, 50.0)
+    found = open_for_space(storage, "ns/chat/u1", space, StudyTarget("vllm", "m"))
+    assert found.move is None and len(found.study.trials) == 1
+    assert StudyTarget.recorded(open_study(storage, "ns/chat/u1").user_attrs) == \
+        StudyTarget("vllm", "m")

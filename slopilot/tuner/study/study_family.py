@@ -5,6 +5,12 @@ trials were run under other choices, kinds or ``log`` flags: ``space_fit.py``), 
 deployment goes on in a successor, ``<base>/space-<fingerprint>``: named for the space's
 shape, so every later open under the same space (a spec edit of a range's bounds, a
 restarted operator) finds the same one, and the base is kept, untouched, as history.
+The same goes for what the trials were run on (``StudyTarget``: the backend and the
+model): a switch goes on in ``<base>/space-<fingerprint>`` of the space and the target
+both, whose trials were run on the same (a vLLM space is a subset of the built-in
+engine's, and Optuna would take it in the base study, the sampler learning from trials
+of another engine), and a switch back goes on where it left off. A study made before
+its target was recorded (the attribute absent) was run on the current target.
 Whoever deletes the deployment's study deletes the family (``delete_family``): the base
 and each successor, matched by exact name, never a name that merely starts alike
 (``ns/chat/uid`` is not ``ns/chat2/uid``'s, nor ``ns2/chat/uid``'s).
@@ -15,8 +21,11 @@ The common path (a compatible space) costs one read of the base study's trials, 
 
 from __future__ import annotations
 
+import hashlib
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import optuna
 
@@ -51,18 +60,63 @@ def base_of(name: str) -> str:
     return head if mark and _FINGERPRINT.fullmatch(tail) else name
 
 
+TARGET_ATTR = "slopilot.target"
+"""The study's user attribute recording its ``StudyTarget``."""
+
+
+@dataclass(frozen=True)
+class StudyTarget:
+    """What a study's trials were run on: ``backend`` (builtin or vllm) and ``model``
+    (the model the engine loads)."""
+
+    backend: str
+    model: str
+
+    def describe(self) -> str:
+        return f"backend {self.backend}, model {self.model!r}"
+
+    @classmethod
+    def recorded(cls, attrs: Mapping[str, Any]) -> StudyTarget | None:
+        """The target a study's user attributes record; None where they record none."""
+        found = attrs.get(TARGET_ATTR)
+        if not isinstance(found, Mapping) or not isinstance(found.get("backend"), str) \
+                or not isinstance(found.get("model"), str):
+            return None
+        return cls(found["backend"], found["model"])
+
+    def record(self, study: optuna.Study) -> None:
+        study.set_user_attr(TARGET_ATTR, {"backend": self.backend, "model": self.model})
+
+
+def target_fingerprint(space_fingerprint: str, target: StudyTarget) -> str:
+    """12 hex digits of a space's fingerprint and a target: a successor's name part."""
+    text = f"{space_fingerprint}\0{target.backend}\0{target.model}"
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
 @dataclass(frozen=True)
 class SpaceMove:
-    """The base study's trials were run under another space: the deployment goes on in
-    ``successor``."""
+    """The base study's trials were run under another space, or on another target: the
+    deployment goes on in ``successor``."""
 
     base: str
     successor: str
     conflicts: tuple[SpaceConflict, ...]
     made: bool
     """The successor was made by this open (the move is news), not found."""
+    target_then: StudyTarget | None = None
+    """Where the base's trials were run on another target: that one (``target_now``
+    the deployment's); None for a move of the space."""
+    target_now: StudyTarget | None = None
 
     def message(self) -> str:
+        if self.target_then is not None and self.target_now is not None:
+            return (f"the trials of study {self.base!r} were run on "
+                    f"{self.target_then.describe()}; the deployment runs on "
+                    f"{self.target_now.describe()} now, whose best knobs they do not "
+                    f"tell: tuning goes on in study {self.successor!r}, with the trials "
+                    "run on that alone (none where it is new); the old study is kept, "
+                    "and goes on again if the deployment switches back")
         return (f"the search space changed since the trials of study {self.base!r} "
                 f"({'; '.join(c.describe() for c in self.conflicts)}), which Optuna "
                 f"cannot go on in one study: tuning goes on in study {self.successor!r}, "
@@ -76,24 +130,43 @@ class FamilyStudy:
     """None: the base study, as before."""
 
 
-def open_for_space(storage: str | None, base: str, space: SearchSpace) -> FamilyStudy:
-    """The study of ``base``'s family that ``space`` can be asked in: the base where its
-    trials allow (the common path), else the space's successor, made where none is."""
+def open_for_space(storage: str | None, base: str, space: SearchSpace,
+                   target: StudyTarget | None = None) -> FamilyStudy:
+    """The study of ``base``'s family that ``space`` can be asked in, on ``target``: the
+    base where its trials allow (the common path), else the successor of the space (and
+    of the target, where the base's trials were run on another), made where none is.
+    None: the target is not judged (``slopilot tune``'s own studies)."""
     study = open_study(storage, base)
     now = space_distributions(space)
+    if target is not None:
+        then = StudyTarget.recorded(study.user_attrs)
+        if then is None:
+            target.record(study)  # made before targets were recorded: the current one
+        elif then != target:
+            name = successor_name(base, target_fingerprint(fingerprint(now), target))
+            successor, made = _successor(storage, study, name)
+            if made or StudyTarget.recorded(successor.user_attrs) is None:
+                target.record(successor)
+            return FamilyStudy(successor, SpaceMove(base, name, (), made, then, target))
     found = conflicts(study.get_trials(deepcopy=False), now)
     if not found:
         return FamilyStudy(study, None)
     name = successor_name(base, fingerprint(now))
-    store = storage_of(study)
+    successor, made = _successor(storage, study, name)
+    return FamilyStudy(successor, SpaceMove(base, name, tuple(found), made))
+
+
+def _successor(storage: str | None, base: optuna.Study, name: str
+               ) -> tuple[optuna.Study, bool]:
+    """Study ``name`` in ``base``'s storage, and whether this open made it."""
+    store = storage_of(base)
     try:
         if store is not None:
             store.get_study_id_from_name(name)
         made = store is None
     except KeyError:
         made = True
-    successor = open_study(storage, name)
-    return FamilyStudy(successor, SpaceMove(base, name, tuple(found), made))
+    return open_study(storage, name), made
 
 
 def delete_family(storage: str, base: str) -> list[str]:
