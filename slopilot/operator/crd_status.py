@@ -80,8 +80,9 @@ def status_schema() -> dict[str, Any]:
             "trial": {"type": "boolean"},
             "committed": _knobs("During a trial: the committed knobs it runs over."),
         }, desc="Knobs committed by the tuner (engine), a hash of the spec they were "
-                "tuned from (base), the backend and model they were tuned on; during a trial on every replica, the trial's knobs "
-                "(trial: true) beside the committed ones (committed)."),
+                "tuned from (base), the backend and model they were tuned on; during a "
+                "trial on every replica, the trial's knobs (trial: true) beside the "
+                "committed ones (committed)."),
         "pods": _obj({
             "notConfigured": {
                 "type": "array", "items": {"type": "string"}, "maxItems": 64,

@@ -13,8 +13,8 @@ from typing import Any
 import kubernetes.client
 
 from slopilot.operator.crd import API_VERSION, PLURAL, crd_manifest
-from slopilot.operator.kubeapi import Kube
 from slopilot.operator.knobs import engine_checksum, tuned_overlay, tuned_record
+from slopilot.operator.kubeapi import Kube
 from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.reconcile import reconcile
 from slopilot.operator.spec import parse_spec
