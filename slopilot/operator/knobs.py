@@ -218,6 +218,17 @@ def tuned_left_behind(body: Mapping[str, Any]) -> str | None:
     return None if tuned is None else moved_from(tuned, body)
 
 
+def unstamped_target(body: Mapping[str, Any]) -> dict[str, str] | None:
+    """The backend and model to write into a ``status.tunedConfig`` of an earlier
+    release that names neither and belongs to this spec (a merge patch's members), or
+    None: read as the current ones only until then, it is left behind by a switch made
+    after the upgrade, as this release's own records are."""
+    tuned = _tuned(body)
+    if tuned is None or ("backend" in tuned and "model" in tuned):
+        return None
+    return TunedOn.of(body).fields()
+
+
 def trial_recorded(body: Mapping[str, Any]) -> bool:
     """Whether ``status.tunedConfig`` is a trial's (one on every replica: vLLM's, which
     roll them, or a built-in one's without a canary), not a committed config."""

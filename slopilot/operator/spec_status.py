@@ -19,6 +19,7 @@ from slopilot.operator.conditions import (
 from slopilot.operator.cr_locks import key_of
 from slopilot.operator.disruption_budget import budget_conditions
 from slopilot.operator.drift import not_repaired_message
+from slopilot.operator.knobs import unstamped_target
 from slopilot.operator.kubeapi import ApiError, Kube
 from slopilot.operator.loop_status import ended_episode, tuning_enabled
 from slopilot.operator.owned_pods import ready_replicas
@@ -117,6 +118,10 @@ def status_of(body: Mapping[str, Any], outcome: Outcome,
         out["pods"] = None  # what the sync found goes with its condition
     if ended is not None:
         out["controller"] = ended
+    if (stamp := unstamped_target(body)) is not None:
+        # Merged into the record (the write is conditional on the version read): kopf's
+        # resume handler reconciles every CR at the start, before any switch is judged.
+        out["tunedConfig"] = stamp
     return out | untuned
 
 

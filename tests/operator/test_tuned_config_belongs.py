@@ -18,6 +18,8 @@ from slopilot.operator.kubeapi import Kube
 from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.reconcile import reconcile
 from slopilot.operator.spec import parse_spec
+from slopilot.operator.spec_status import status_of
+from slopilot.operator.status_writer import write_status
 from tests.operator.operator_support import NS, Cluster, llmd, operator_mint
 from tests.support.crd_schema import apply_defaults, served_schema
 from tests.support.kube_server import RunningEmulator
@@ -191,3 +193,26 @@ def test_a_record_without_backend_or_model_belongs_to_the_current_ones(
     body = cluster.get()
     assert parse_spec(body).engine.max_num_seqs == 8
     assert not [w for w in parse_spec(body).warnings if "status.tunedConfig" in w]
+
+
+def test_the_first_reconcile_stamps_a_record_of_the_earlier_release_with_its_backend(
+        kube: RunningEmulator, kube_client: kubernetes.client.ApiClient) -> None:
+    """Absent means the current only until this release's first reconcile of the CR
+    (kopf's resume handler runs one for each at the start): it writes the current
+    backend and model in, so a switch after the upgrade leaves the record behind too."""
+    kube.install(crd_manifest())
+    cluster = Cluster(kube_client)
+    cluster.create(llmd(backend="builtin"))
+    body = cluster.get()
+    engine = parse_spec(body).engine.to_dict()
+    engine.update(token_budget=128, chunk_size=64, max_num_seqs=8)
+    record(kube_client, {"engine": engine, "base": released_checksum(body)})
+    outcome = reconcile(Kube(kube_client), cluster.get(), policy=OperatorPolicy(),
+                        mint=operator_mint(cluster))
+    write_status(Kube(kube_client), NS, "chat", lambda fresh: status_of(fresh, outcome))
+    tuned = cluster.get()["status"]["tunedConfig"]
+    assert (tuned["backend"], tuned["model"]) == ("builtin", "smollm2-135m")
+    assert tuned["engine"] == engine and tuned["base"] == released_checksum(body)
+    assert parse_spec(cluster.get()).engine.max_num_seqs == 8
+    cluster.patch("chat", {"spec": {"backend": "vllm"}})
+    assert tuned_overlay(cluster.get()) is None
