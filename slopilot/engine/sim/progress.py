@@ -118,6 +118,14 @@ class ProgressReport:
             self._last_line = now
             print(self.line(), file=self.stream, flush=True)
 
+    def extend(self, more: float) -> None:
+        """More work than ``total`` said (a step past the one planned): the total grows."""
+        if not more >= 0:
+            raise ValueError(f"more={more!r}: expected an amount of work >= 0")
+        self.total += float(more)
+        if self._bar is not None:
+            self._bar.update(self._task, total=self.total)
+
     def finish(self) -> None:
         """The work turned out smaller than ``total`` (a run that ended early): what was
         done is the whole of it, so the last line reads 100 % at the true rate."""

@@ -26,28 +26,49 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class Sliding:
-    """Windows of ``length_s`` every ``hop_s`` over a run's measured span."""
+    """Windows of ``length_s`` every ``hop_s`` over a run's measured span, and one from
+    each of ``at`` (the starts a sweep of the run found worst: ``window_sweep.py``);
+    ``hop_s`` None: those alone."""
 
     length_s: float
-    hop_s: float
+    hop_s: float | None
+    at: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         for name, v in (("length_s", self.length_s), ("hop_s", self.hop_s)):
-            if not (math.isfinite(v) and v > 0):
+            if v is not None and not (math.isfinite(v) and v > 0):
                 raise ValueError(f"Sliding.{name}={v!r}: expected seconds > 0")
+        if self.hop_s is None and not self.at:
+            raise ValueError("Sliding(hop_s=None, at=()): no window; give hop_s (seconds "
+                             "between starts) or at (the starts)")
 
     def starts(self, start_s: float, end_s: float) -> list[float]:
         """The windows' starts over ``[start_s, end_s)``: every ``hop_s`` while a whole
         window fits, and one more ending at ``end_s`` so that the last arrivals are in a
-        window of full length; one window (the span) where it is shorter than one."""
+        window of full length; one window (the span) where it is shorter than one; and
+        each of ``at`` within the span (a window from it ends early at ``end_s``)."""
+        out = [] if self.hop_s is None else self._grid(start_s, end_s, self.hop_s)
+        out += [s for s in self.at if start_s <= s < end_s]
+        return sorted(set(out))
+
+    def _grid(self, start_s: float, end_s: float, hop_s: float) -> list[float]:
         last = end_s - self.length_s
         if last <= start_s:
             return [start_s]
-        n = math.floor((last - start_s) / self.hop_s + 1e-9)
-        out = [start_s + k * self.hop_s for k in range(n + 1)]
+        n = math.floor((last - start_s) / hop_s + 1e-9)
+        out = [start_s + k * hop_s for k in range(n + 1)]
         if last - out[-1] > 1e-9:
             out.append(last)
         return out
+
+
+@dataclass(frozen=True, slots=True)
+class FirstToken:
+    """One request's arrival, class and time to first token."""
+
+    arrival_s: float
+    priority: Priority
+    ttft_s: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +92,9 @@ class SlidingStats(SimStats):
                                horizon=self.horizon) for s in starts]
         self._starts = starts
         self._of: dict[str, list[SimStats]] = {}
+        self.first_tokens: list[FirstToken] = []
+        """Every measured request's first token, for a sweep over every window start
+        (``window_sweep.py``): one record a request, not a window's count a start."""
 
     def _near(self, t: float) -> list[SimStats]:
         # Called per step and per arrival: only the windows that can hold t, by their
@@ -108,6 +132,8 @@ class SlidingStats(SimStats):
 
     def on_first_token(self, req: Request, ttft_s: float, now: float) -> None:
         super().on_first_token(req, ttft_s, now)
+        if self.start_time <= req.arrival_time < self.end_time:
+            self.first_tokens.append(FirstToken(req.arrival_time, req.priority, ttft_s))
         for p in self._of.get(req.request_id, ()):
             p.on_first_token(req, ttft_s, now)
 

@@ -34,3 +34,11 @@ def test_each_window_reads_what_a_run_measuring_only_it_reads() -> None:
         assert w.summary.to_dict() == alone.summary.to_dict()
     plain = simulate(scenario, replicas=1, measure=whole)
     assert run.summary.to_dict() == plain.summary.to_dict()
+
+
+def test_starts_at_given_points_beside_or_instead_of_the_grid() -> None:
+    assert Sliding(10.0, 5.0, at=(7.0, 40.0)).starts(0.0, 30.0) == [
+        0.0, 5.0, 7.0, 10.0, 15.0, 20.0]
+    assert Sliding(10.0, None, at=(7.0, 3.0)).starts(0.0, 30.0) == [3.0, 7.0]
+    with pytest.raises(ValueError, match="hop_s"):
+        Sliding(10.0, None)
