@@ -5,6 +5,7 @@ start config has shown this machine's speed, when the whole study will be long."
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TextIO
 
 from slopilot.engine.sim.progress import Clock, ProgressReport, duration_text
@@ -74,6 +75,19 @@ class TuneProgress:
                 f"{self.evaluations} evaluations of {self.per_evaluation_s:,.0f} simulated s "
                 f"at {rate:,.1f} sim-s/s on this machine, capacity search not counted); "
                 f"shorten it with {', '.join(ways)}")
+
+    def replay(self, status: str, planned_s: float) -> Callable[[float], None]:
+        """A replay past the study (the whole-trace check): the bar grows by its
+        ``planned_s`` simulated seconds and shows ``status``; the feed returned is told
+        the seconds simulated in it so far. Without it the bar sat at 100 % for the
+        minutes those replays take."""
+        report = self.report
+        if report is None:
+            return lambda _: None
+        base = report.done
+        report.extend(planned_s)
+        report.update(base, status=status)
+        return lambda seconds: report.update(base + min(max(seconds, 0.0), planned_s))
 
     def note(self, text: str) -> None:
         if self.report is not None:

@@ -7,7 +7,7 @@ import argparse
 import dataclasses
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from slopilot.engine.sim.output_paths import make_output_dir
@@ -142,7 +142,7 @@ def run(s: TuneSettings) -> TuneOutcome:
                 evaluator, [(c.label, c.result.config) for c in ranked
                             if c.is_start or c.trial in closest],
                 s.replicas + 1, s.max_replicas, note=progress.note)
-        whole = _whole_check(s, evaluator, plan, best, capacity, start_config, progress.note)
+        whole = _whole_check(s, evaluator, plan, best, capacity, start_config, progress)
     except (KeyboardInterrupt, Terminated) as exc:
         stopped = exc  # the open trial was told failed (Tuner.run)
         raise
@@ -178,7 +178,7 @@ def few_requests(result: TrialResult, plan: WindowPlan, slo: SLOSpec) -> str | N
 
 def _whole_check(s: TuneSettings, evaluator: RobustEvaluator, plan: WindowPlan,
                  best: Candidate, capacity: CapacityOutcome | None,
-                 start_config: Mapping[str, Any], note: Callable[[str], None]
+                 start_config: Mapping[str, Any], progress: TuneProgress
                  ) -> WholeCheck | None:
     """The answer replayed over the whole trace (``whole_check.py``), where windows
     chose it; None where nothing is recommended, or the plan judged the trace whole or a
@@ -193,8 +193,9 @@ def _whole_check(s: TuneSettings, evaluator: RobustEvaluator, plan: WindowPlan,
         return None
     whole = plan_windows(s.scenario, whole=True, warmup_s=s.warmup_s, config=start_config,
                          replicas=s.replicas)
-    return whole_check(evaluator, whole, config, replicas, s.max_replicas, note=note,
-                       window_s=plan.windows[0].length_s)
+    return whole_check(evaluator, whole, config, replicas, s.max_replicas,
+                       note=progress.note, window_s=plan.windows[0].length_s,
+                       progress=progress)
 
 
 def _share(r: TrialResult) -> str:

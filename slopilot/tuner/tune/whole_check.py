@@ -10,13 +10,30 @@ P99-rank one. So the recommended config is replayed over the whole trace, and wh
 misses, on one replica more at a time up to ``--max-replicas``: the verdict is the whole
 trace's.
 
-The replay is judged as the live alerts judge a deployment: over a sliding window, the
-study's window length (``--duration``) every third of it (``HOPS``), each window by the
-same terms and headroom as a study window, the worst deciding (``robust_verdict``). One
-P99 over the whole file let a quiet tail hide the burst: the reviewer's trace with two
-hours of light traffic after it read 436 ms over the file on 1 replica, where its burst
-minutes read 528 ms. The windows come from the one replay (``engine/sim/window_stats``),
-not a replay each; the whole file's P99s are kept beside them for the verdict.
+The replay is judged as the live alerts judge a deployment: over windows of the study's
+length (``--duration``), each by the same terms and headroom as a study window, the worst
+deciding (``robust_verdict``), beside the whole file as one window (what the check command
+prints). Windows start every third of the length (``HOPS``), and where a sweep of every
+request's first token finds a window from an arrival whose TTFT P99 is higher than all of
+theirs (``engine/sim/window_sweep``: a burst longer than two thirds of a window is split
+between two on the grid), that window is measured in full and judged too: the verdict is
+the worst window of that length anywhere in the trace, by TTFT. One P99 over the whole
+file let a quiet tail hide the burst: the reviewer's trace with two hours of light
+traffic after it read 436 ms over the file on 1 replica, where its burst minutes read
+528 ms. The grid's windows come from the one replay (``engine/sim/window_stats``), not a
+replay each; the worst window between them costs a second replay, and only where the
+sweep finds one worse.
+
+A window that misses only on classes it holds fewer requests of than the live loop judges
+a trial on (``DEFAULT_CLASS_REQUESTS``, 100: its P99 is its slowest request or next to
+it) is set aside and said, as the study says of its own windows (``run.few_requests``);
+the whole file, which holds every request, still judges each class. Without that, a
+quiet minute of 24 requests failed a config on one 478 ms first token.
+
+Where the answer misses, the replica counts are searched from one more, galloping (1, 2,
+4, ... more) until one holds, then bisected (``fewest_holding``): a fleet that needs 12
+replicas costs 8 replays from 1, not 12. More replicas are assumed never to miss where
+fewer hold.
 
 The simulator replays a trace in seconds (the shipped Azure conversation trace, 1 hour
 and 19,366 requests, on one replica: docs/tuning.md gives the figure), once per count
@@ -29,17 +46,42 @@ import dataclasses
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from slopilot.engine.sim.window_stats import Sliding
+from slopilot.engine.sim.simulator import SimRun
+from slopilot.engine.sim.window_stats import Sliding, SlidingStats
+from slopilot.engine.sim.window_sweep import ttft_p99s, worst_starts
 from slopilot.engine.slo import SLOSpec
+from slopilot.tuner.loop.settings import DEFAULT_CLASS_REQUESTS
 from slopilot.tuner.sim.robust import RobustEvaluator, WindowPlan
 from slopilot.tuner.study.objective import NO_SAMPLES, TrialResult, WindowResult, score
+from slopilot.tuner.study.sample_floor import judged_counts, shortfall, starved
 from slopilot.tuner.study.verdict import robust_verdict, term_label, term_limit, violations
 
 HOPS = 3
 """Sliding windows start every ``length / HOPS``: a burst shorter than two thirds of a
-window lies whole in one of them, at three times the counting (not the simulating) cost."""
+window lies whole in one of them, at three times the counting (not the simulating) cost;
+a longer one is found by the sweep (``window_sweep``)."""
+
+
+class ReplayProgress(Protocol):
+    """Where the whole replays show (``TuneProgress.replay``)."""
+
+    def replay(self, status: str, planned_s: float) -> Callable[[float], None]:
+        """A replay of ``planned_s`` simulated seconds begins; the feed it returns is
+        told the seconds simulated so far in it."""
+        ...
+
+
+@dataclass(frozen=True)
+class ThinWindow:
+    """A window that missed only on classes it held a handful of requests of."""
+
+    span: str
+    missed: str
+    """``P1 TTFT p99 478 ms``: its worst term."""
+    short: str
+    """``P1 24 of 100 requests in 45 s`` (``Shortfall.describe``)."""
 
 
 @dataclass(frozen=True)
@@ -51,7 +93,12 @@ class WholeRun:
     """Judged over its sliding windows, the worst deciding."""
     wall_s: float
     whole: TrialResult | None = None
-    """The whole file judged as one window (one P99 over every request), for the record."""
+    """The whole file judged as one window (one P99 over every request); it is among
+    ``result``'s windows too."""
+    thin: tuple[ThinWindow, ...] = ()
+    """Windows set aside: they missed on fewer requests of a class than the floor."""
+    replays: int = 1
+    """Simulations run for it: a second where the sweep found a window off the grid."""
 
     @property
     def holds(self) -> bool:
@@ -60,8 +107,8 @@ class WholeRun:
 
 @dataclass(frozen=True)
 class WholeCheck:
-    """The whole replays, in the order run: from the count the windows chose, one more
-    each time it misses, up to ``max_replicas``."""
+    """The whole replays, in the order run: from the count the windows chose, then
+    galloping and bisecting up to ``max_replicas`` (``fewest_holding``)."""
 
     runs: tuple[WholeRun, ...]
     max_replicas: int
@@ -71,12 +118,24 @@ class WholeCheck:
 
     @property
     def holds(self) -> bool:
-        return self.runs[-1].holds
+        return any(r.holds for r in self.runs)
+
+    @property
+    def held(self) -> WholeRun | None:
+        """The run on the fewest replicas that holds; None when none tried does."""
+        runs = [r for r in self.runs if r.holds]
+        return min(runs, key=lambda r: r.replicas) if runs else None
+
+    @property
+    def highest(self) -> WholeRun:
+        """The run on the most replicas tried."""
+        return max(self.runs, key=lambda r: r.replicas)
 
     @property
     def replicas(self) -> int | None:
         """The fewest replicas over which the whole trace holds; None when none tried does."""
-        return self.runs[-1].replicas if self.holds else None
+        held = self.held
+        return None if held is None else held.replicas
 
     @property
     def first(self) -> WholeRun:
@@ -90,14 +149,24 @@ class WholeCheck:
         if missed:
             if not run.result.windows:  # one window, the whole trace: no span to name
                 missed = [dataclasses.replace(v, window=None) for v in missed]
-            return "; ".join(v.text() for v in missed) + self._file(run)
-        return self._terms(run.result) + self._file(run)
+            return "; ".join(v.text() for v in missed) + self._file(run) + self._thin(run)
+        return self._terms(run.result) + self._file(run) + self._thin(run)
 
     def _file(self, run: WholeRun) -> str:
         """The whole file's P99s beside the worst window's, where they differ."""
         if run.whole is None or not run.result.windows:
             return ""
         return f"; over the whole file as one window: {self._terms(run.whole, span=False)}"
+
+    def _thin(self, run: WholeRun) -> str:
+        if not run.thin:
+            return ""
+        worst = run.thin[0]
+        n = len(run.thin)
+        return (f"; {n} {self.window_s:,.0f} s window{'s' if n != 1 else ''} set aside that "
+                f"missed on fewer than {DEFAULT_CLASS_REQUESTS} requests of a class (worst: "
+                f"{worst.missed} in {worst.span}, {worst.short}), as the live loop judges "
+                "no trial on fewer (min_class_requests)")
 
     def _terms(self, r: TrialResult, span: bool = True) -> str:
         order = sorted(range(len(r.constraints)), key=lambda i: r.constraints[i],
@@ -125,11 +194,11 @@ class WholeCheck:
                     f"too: {self.figures(first)}.")
         missed = (f"Replayed over the whole trace on {_count(windows_replicas)} it misses: "
                   f"{self.figures(first)}")
-        if self.holds:
-            last = self.runs[-1]
-            return (f"{missed}; the whole trace holds on {_count(last.replicas)}: "
-                    f"{self.figures(last)}.")
-        last = self.runs[-1]
+        held = self.held
+        if held is not None:
+            return (f"{missed}; the whole trace holds on {_count(held.replicas)}: "
+                    f"{self.figures(held)}.")
+        last = self.highest
         more = "" if last is first else (
             f", and on {_count(last.replicas)}, --max-replicas, still misses: "
             f"{self.figures(last)}")
@@ -141,7 +210,9 @@ class WholeCheck:
         return {"holds": self.holds, "replicas": self.replicas,
                 "max_replicas": self.max_replicas, "window_s": self.window_s,
                 "tried": [{"replicas": w.replicas, "holds": w.holds, "wall_s": w.wall_s,
+                           "replays": w.replays,
                            "figures": self.figures(w), "windows": len(w.result.windows),
+                           "thin_windows": len(w.thin),
                            "worst_window": _worst(w.result),
                            "constraints": _terms(w.result),
                            "whole_file_constraints": None if w.whole is None
@@ -168,44 +239,146 @@ def _count(n: int) -> str:
     return f"{n} replica{'s' if n != 1 else ''}"
 
 
+def fewest_holding(first: int, last: int, holds: Callable[[int], bool]) -> int | None:
+    """The fewest replicas in ``[first, last]`` for which ``holds``; None where ``last``
+    misses. ``first`` first (the windows' count: the whole trace usually misses by
+    little), then one more, two, four ... past the last that missed until one holds (or
+    ``last``), then bisected between them; each count asked once."""
+    if holds(first):
+        return first
+    missed, step = first, 1
+    while True:
+        n = min(missed + step, last)
+        if n <= missed:
+            return None
+        if holds(n):
+            held = n
+            break
+        if n == last:
+            return None
+        missed, step = n, 2 * step
+    while held - missed > 1:
+        mid = (missed + held) // 2
+        if holds(mid):
+            held = mid
+        else:
+            missed = mid
+    return held
+
+
 def whole_check(evaluator: RobustEvaluator, plan: WindowPlan, config: Mapping[str, Any],
                 replicas: int, max_replicas: int,
                 note: Callable[[str], None] = lambda _: None,
-                window_s: float | None = None) -> WholeCheck:
+                window_s: float | None = None,
+                progress: ReplayProgress | None = None) -> WholeCheck:
     """Replay ``config`` over the whole trace (``plan``: ``plan_windows(whole=True)``) on
-    ``replicas``, then on one more while it misses, up to ``max_replicas``, judged over
-    sliding windows of ``window_s`` (the study's window length; None: the whole file as
-    one window). One more at a time: the windows held on ``replicas``, so the whole
-    trace misses by little."""
+    ``replicas``, and where it misses the fewest replicas up to ``max_replicas`` over which
+    it holds (``fewest_holding``), judged over windows of ``window_s`` (the study's window
+    length; None: the whole file as one window). ``progress`` is shown each replay."""
     if plan.kind != "whole":
         raise ValueError(f"plan.kind={plan.kind!r}: the whole-trace check replays the "
                          "whole trace (plan_windows(..., whole=True))")
     judge = RobustEvaluator(evaluator.scenario, plan, replicas=replicas,
                             margin=evaluator.margin, slo=evaluator.slo)
     runs: list[WholeRun] = []
-    for n in range(replicas, max(replicas, max_replicas) + 1):
+
+    def holds(n: int) -> bool:
         note(f"whole trace: replaying the answer on {_count(n)} ...")
         t0 = time.perf_counter()
+
+        def replay(status: str) -> RobustEvaluator:
+            # An evaluator a replay: its feed counts from 0 within the replay shown.
+            on_n = judge.at_replicas(n)
+            if progress is not None:
+                on_n.progress = progress.replay(f"whole trace on {_count(n)}: {status}",
+                                                plan.simulated_s)
+            return on_n
+
         if window_s is None:
-            result, whole = judge.at_replicas(n).evaluate(config), None
+            run = WholeRun(n, replay("replaying").evaluate(config), 0.0)
         else:
-            result, whole = _judged(judge.at_replicas(n), config, window_s)
-        runs.append(WholeRun(n, result, time.perf_counter() - t0, whole))
-        note(f"whole trace on {_count(n)}: {'holds' if result.feasible else 'misses'}")
-        if result.feasible:
-            break
+            run = _judged(replay, config, window_s)
+        runs.append(dataclasses.replace(run, wall_s=time.perf_counter() - t0))
+        note(f"whole trace on {_count(n)}: {'holds' if run.holds else 'misses'}")
+        return run.holds
+
+    fewest_holding(replicas, max(replicas, max_replicas), holds)
     return WholeCheck(tuple(runs), max_replicas, evaluator.slo, window_s or 0.0)
 
 
-def _judged(judge: RobustEvaluator, config: Mapping[str, Any], window_s: float
-            ) -> tuple[TrialResult, TrialResult]:
-    """The replay judged over its sliding windows, and over the whole file."""
+def _judged(replay: Callable[[str], RobustEvaluator], config: Mapping[str, Any],
+            window_s: float) -> WholeRun:
+    """The replay judged over its windows (the grid's, and the sweep's worst off it),
+    those of a handful of requests set aside, and over the whole file; ``replay(status)``
+    is the evaluator for each replay on this count."""
+    judge = replay("replaying")
     run = judge.replay(config, Sliding(window_s, window_s / HOPS))
     cfg = dict(config)
+    whole_result = score(run.summary, judge.slo, config=cfg)
     whole = dataclasses.replace(
-        robust_verdict(config, [WindowResult("whole trace", "the whole trace",
-                                             score(run.summary, judge.slo, config=cfg))],
+        robust_verdict(config, [WindowResult("whole trace", "the whole trace", whole_result)],
                        judge.margin), windows=())
-    windows = [WindowResult("window", f"{w.start_s:,.0f}-{w.end_s:,.0f} s",
-                            score(w.summary, judge.slo, config=cfg)) for w in run.windows]
-    return robust_verdict(config, windows, judge.margin), whole
+    figures = list(run.windows)
+    replays = 1
+    extra = _off_grid(run, window_s)
+    if extra:
+        again = replay(f"the worst {window_s:,.0f} s window off the grid")
+        figures += again.replay(config, Sliding(window_s, None, at=extra)).windows
+        replays = 2
+    figures.sort(key=lambda w: (w.start_s, w.end_s))
+    kept: list[WindowResult] = []
+    thin: list[tuple[float, ThinWindow]] = []
+    for w in figures:
+        span = f"{w.start_s:,.0f}-{w.end_s:,.0f} s"
+        result = score(w.summary, judge.slo, config=cfg)
+        aside = _thin(result, judge, w.end_s - w.start_s, span)
+        if aside is None:
+            kept.append(WindowResult("window", span, result))
+        else:
+            thin.append((max(result.constraints), aside))
+    kept.append(WindowResult("whole trace", "the whole trace", whole_result))
+    thin.sort(key=lambda t: t[0], reverse=True)
+    return WholeRun(judge.replicas or 1, robust_verdict(config, kept, judge.margin), 0.0,
+                    whole, tuple(t for _, t in thin), replays)
+
+
+def _off_grid(run: SimRun, window_s: float) -> tuple[float, ...]:
+    """The starts, off the grid, of windows whose TTFT P99 of a class is above every
+    grid window's (``window_sweep``), each measured in full by a second replay."""
+    stats = run.stats
+    if not isinstance(stats, SlidingStats):
+        return ()
+    grid = [w.start_s for w in run.windows]
+    out = []
+    for worst in worst_starts(stats.first_tokens, window_s, stats.start_time,
+                              stats.end_time, floor=DEFAULT_CLASS_REQUESTS):
+        on_grid = ttft_p99s(stats.first_tokens, worst.priority, grid, window_s,
+                            stats.end_time)
+        if all(g.ttft_p99_ms < worst.ttft_p99_ms for g in on_grid):
+            out.append(worst.start_s)
+    return tuple(sorted(set(out) - set(grid)))
+
+
+def _thin(result: TrialResult, judge: RobustEvaluator, length_s: float, span: str
+          ) -> ThinWindow | None:
+    """The window, where it misses (headroom counted) only on terms of classes it holds
+    fewer than ``DEFAULT_CLASS_REQUESTS`` of, none of them starved (clients waiting while
+    few are served: that is no handful's luck, ``sample_floor.starved``)."""
+    missed = [i for i, c in enumerate(result.constraints) if c > -judge.margin]
+    summary = result.summary
+    if not missed or summary is None:
+        return None
+    counts = judged_counts(summary, judge.slo)
+    hungry = starved(summary, judge.slo, DEFAULT_CLASS_REQUESTS)
+    classes = set()
+    for i in missed:
+        label = result.constraint_names[i].split(".")[0]
+        if label not in counts or counts[label] >= DEFAULT_CLASS_REQUESTS or label in hungry:
+            return None
+        classes.add(label)
+    short = shortfall(summary, judge.slo, DEFAULT_CLASS_REQUESTS, length_s, classes)
+    i = max(missed, key=lambda k: result.constraints[k])
+    term = result.constraint_names[i]
+    limit = term_limit(judge.slo, term)
+    return ThinWindow(span, f"{term_label(term)[0]} {_ms((result.constraints[i] + 1) * limit)}",
+                      short.describe() if short is not None else "")
