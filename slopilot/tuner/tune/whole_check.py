@@ -7,8 +7,7 @@ reviewer's trace held in its three 45 s windows on 1 replica (P1 TTFT p99 447 / 
 500 ms. Its worst minute was one on-burst holding several 7,000-token prompts, the
 busiest by neither arrivals nor tokens, and no longer a prompt than every window's
 P99-rank one. So the recommended config is replayed over the whole trace, and where it
-misses, on one replica more at a time up to ``--max-replicas``: the verdict is the whole
-trace's.
+misses, on more replicas up to ``--max-replicas``: the verdict is the whole trace's.
 
 The replay is judged as the live alerts judge a deployment: over windows of the study's
 length (``--duration``), each by the same terms and headroom as a study window, the worst
