@@ -343,7 +343,9 @@ def _judged(replay: Callable[[str], RobustEvaluator], config: Mapping[str, Any],
 
 def _off_grid(run: SimRun, window_s: float) -> tuple[float, ...]:
     """The starts, off the grid, of windows whose TTFT P99 of a class is above every
-    grid window's (``window_sweep``), each measured in full by a second replay."""
+    grid window's (``window_sweep``), each measured in full by a second replay. Only
+    windows of at least ``DEFAULT_CLASS_REQUESTS`` of the class: one of fewer that
+    missed would be set aside (``_thin``), and a replay spent on it."""
     stats = run.stats
     if not isinstance(stats, SlidingStats):
         return ()
@@ -351,6 +353,8 @@ def _off_grid(run: SimRun, window_s: float) -> tuple[float, ...]:
     out = []
     for worst in worst_starts(stats.first_tokens, window_s, stats.start_time,
                               stats.end_time, floor=DEFAULT_CLASS_REQUESTS):
+        if worst.requests < DEFAULT_CLASS_REQUESTS:
+            continue
         on_grid = ttft_p99s(stats.first_tokens, worst.priority, grid, window_s,
                             stats.end_time)
         if all(g.ttft_p99_ms < worst.ttft_p99_ms for g in on_grid):
