@@ -20,14 +20,16 @@ from slopilot.engine.sim.window_stats import Sliding
 from slopilot.tuner.sim.robust import RobustEvaluator, plan_windows
 from slopilot.tuner.tune.progress import TuneProgress
 from slopilot.tuner.tune.whole_check import WholeCheck, fewest_holding, whole_check
+from tests.support.burst_minute import write_burst_minute
 from tests.support.split_burst import SPIKES_S, write_split_burst
 
 WINDOW_S = 45.0
 
 
-def _check(trace: Path, max_replicas: int = 1, progress: TuneProgress | None = None
-           ) -> WholeCheck:
-    scenario = load_with_trace(None, TraceOptions(path=str(trace)), default="")
+def _check(trace: Path, max_replicas: int = 1, progress: TuneProgress | None = None,
+           time_scale: float = 1.0) -> WholeCheck:
+    scenario = load_with_trace(None, TraceOptions(path=str(trace), time_scale=time_scale),
+                               default="")
     evaluator = RobustEvaluator(scenario, plan_windows(scenario, duration_s=WINDOW_S))
     whole = plan_windows(scenario, whole=True)
     return whole_check(evaluator, whole, {}, 1, max_replicas, window_s=WINDOW_S,
@@ -58,6 +60,16 @@ def test_a_burst_the_old_stride_split_is_judged_in_its_own_window(tmp_path: Path
     assert SPIKES_S[1] - WINDOW_S < start <= SPIKES_S[0] and end == start + WINDOW_S, tried
     assert tried["worst_window"] in check.clause(1)
     assert tried["replays"] == 2, "the grid's replay and the one measuring it"
+
+
+def test_a_grid_that_misses_is_not_replayed_again_for_the_sweep(tmp_path: Path) -> None:
+    # The reviewer's burst trace misses on the grid on 1 replica (741 ms in 180-225 s)
+    # and the sweep finds a window off it a little worse (742 ms in 187-232 s): a window
+    # more can only raise the worst, so the verdict is "misses" either way, and a second
+    # replay would be paid on every count the search tries below the answer.
+    check = _check(write_burst_minute(tmp_path / "bursts.csv"), time_scale=0.7)
+    assert not check.holds
+    assert check.first.replays == 1, check.to_dict()
 
 
 def test_the_progress_bar_counts_the_whole_replays(tmp_path: Path) -> None:

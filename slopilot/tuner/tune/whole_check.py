@@ -43,12 +43,12 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from slopilot.engine.sim.simulator import SimRun
-from slopilot.engine.sim.window_stats import Sliding, SlidingStats
+from slopilot.engine.sim.window_stats import Sliding, SlidingStats, WindowFigures
 from slopilot.engine.sim.window_sweep import ttft_p99s, worst_starts
 from slopilot.engine.slo import SLOSpec
 from slopilot.tuner.loop.settings import DEFAULT_CLASS_REQUESTS
@@ -317,17 +317,29 @@ def _judged(replay: Callable[[str], RobustEvaluator], config: Mapping[str, Any],
     whole = dataclasses.replace(
         robust_verdict(config, [WindowResult("whole trace", "the whole trace", whole_result)],
                        judge.margin), windows=())
-    figures = list(run.windows)
+    result, thin = _verdict(config, run.windows, whole_result, judge)
     replays = 1
-    extra = _off_grid(run, window_s)
+    # A window more can only raise the worst: where the grid's already miss, the verdict
+    # is "misses" without it, and the search would pay a second replay on every count
+    # below the answer.
+    extra = _off_grid(run, window_s) if result.feasible else ()
     if extra:
         again = replay(f"the worst {window_s:,.0f} s window off the grid")
-        figures += again.replay(config, Sliding(window_s, None, at=extra)).windows
+        more = again.replay(config, Sliding(window_s, None, at=extra)).windows
+        result, thin = _verdict(config, [*run.windows, *more], whole_result, judge)
         replays = 2
-    figures.sort(key=lambda w: (w.start_s, w.end_s))
+    return WholeRun(judge.replicas or 1, result, 0.0, whole, thin, replays)
+
+
+def _verdict(config: Mapping[str, Any], figures: Sequence[WindowFigures],
+             whole_result: TrialResult, judge: RobustEvaluator
+             ) -> tuple[TrialResult, tuple[ThinWindow, ...]]:
+    """The windows' verdict beside the whole file's, those of a handful set aside (the
+    worst of them first)."""
+    cfg = dict(config)
     kept: list[WindowResult] = []
     thin: list[tuple[float, ThinWindow]] = []
-    for w in figures:
+    for w in sorted(figures, key=lambda w: (w.start_s, w.end_s)):
         span = f"{w.start_s:,.0f}-{w.end_s:,.0f} s"
         result = score(w.summary, judge.slo, config=cfg)
         aside = _thin(result, judge, w.end_s - w.start_s, span)
@@ -337,8 +349,7 @@ def _judged(replay: Callable[[str], RobustEvaluator], config: Mapping[str, Any],
             thin.append((max(result.constraints), aside))
     kept.append(WindowResult("whole trace", "the whole trace", whole_result))
     thin.sort(key=lambda t: t[0], reverse=True)
-    return WholeRun(judge.replicas or 1, robust_verdict(config, kept, judge.margin), 0.0,
-                    whole, tuple(t for _, t in thin), replays)
+    return robust_verdict(config, kept, judge.margin), tuple(t for _, t in thin)
 
 
 def _off_grid(run: SimRun, window_s: float) -> tuple[float, ...]:
