@@ -73,8 +73,11 @@ def build(kube: Kube, handle: KubeDeploymentHandle, body: Mapping[str, Any],
             f"left to go stale in the study), remove it: kubectl -n {meta['namespace']} "
             f"patch llmdeployment {meta['name']} --subresource=status --type=merge "
             """-p '{"status":{"controller":null}}'""") from None
-    if state is not None:
-        rebase_episode(state, body)
+    resumed = state is not None
+    # A fresh loop too: stamped with the backend and model it runs on, a switch later
+    # ends its episode (rebase_episode).
+    state = state if state is not None else LoopState()
+    rebase_episode(state, body)
     named = policy.named_storage(spec.tuning.storage, meta["namespace"])
     try:  # before the study is opened: every study the operator makes is on record
         record(kube, policy.operator_namespace, meta["namespace"], named)
@@ -95,5 +98,5 @@ def build(kube: Kube, handle: KubeDeploymentHandle, body: Mapping[str, Any],
                         warn=functools.partial(_warn_on, body))
     controller = factory(ctx)
     log.info("%s/%s: controller built (resumed state: %s)", meta["namespace"], meta["name"],
-             None if state is None else state.state.value)
+             state.state.value if resumed else None)
     return controller

@@ -218,6 +218,13 @@ def tuned_left_behind(body: Mapping[str, Any]) -> str | None:
     return None if tuned is None else moved_from(tuned, body)
 
 
+def tuned_on(body: Mapping[str, Any]) -> TunedOn | None:
+    """The backend and model the committed ``status.tunedConfig`` of this spec's sections
+    was tuned on (the current ones where it names none); None without one."""
+    tuned = _recorded(body)
+    return None if tuned is None else TunedOn.recorded(tuned, TunedOn.of(body))
+
+
 def unstamped_target(body: Mapping[str, Any]) -> dict[str, str] | None:
     """The backend and model to write into a ``status.tunedConfig`` of an earlier
     release that names neither and belongs to this spec (a merge patch's members), or

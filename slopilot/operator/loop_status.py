@@ -18,21 +18,25 @@ it (``ended_episode``). While tuning is off (``tuning_enabled``), the phase and 
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Mapping
 from typing import Any
 
 from slopilot.operator.conditions import ConditionType, condition, merge_conditions
 from slopilot.operator.daemon import PHASES
-from slopilot.operator.knobs import tuned_overlay
+from slopilot.operator.knobs import tuned_on, tuned_overlay
 from slopilot.operator.reconcile import config_status
 from slopilot.operator.spec import Phase, SpecError, parse_spec
 from slopilot.operator.status_writer import replacing
 from slopilot.operator.study_cleanup import with_storage
+from slopilot.operator.tuned_base import TunedOn
 from slopilot.operator.twin_status import check_patch
 from slopilot.tuner.loop.controller import Controller
 from slopilot.tuner.loop.decision import Action, Decision
 from slopilot.tuner.loop.state import ControllerState, LoopState
 from slopilot.tuner.loop.transitions import Event, check
+
+log = logging.getLogger(__name__)
 
 
 def rebase_episode(loop: LoopState, body: Mapping[str, Any]) -> None:
@@ -52,6 +56,7 @@ def rebase_episode(loop: LoopState, body: Mapping[str, Any]) -> None:
     is what its rollout would be reverted to. An open
     episode's best is its own trials' and stays (laid over the spec as it is now).
     """
+    _end_on_switch(loop, body)
     if tuned_overlay(body) is not None:
         return
     if not loop.episode_open:
@@ -62,6 +67,38 @@ def rebase_episode(loop: LoopState, body: Mapping[str, Any]) -> None:
         loop.rollout.revert_to = None
     if loop.baseline_config is not None:
         loop.baseline_config = parse_spec(body).engine.to_dict()
+
+
+def _end_on_switch(loop: LoopState, body: Mapping[str, Any]) -> None:
+    """The episode ends where ``spec.backend`` or the model switched since the loop was
+    last built: its trial's number was asked in the other backend's study, and resumed
+    in this one's it was an error or another trial's; its best and baseline are the other
+    engine's knobs. Its trial is left to go stale there. Stamps the current target."""
+    target = _key(TunedOn.of(body))
+    then, loop.target = loop.target, target
+    if then is None:
+        # A state from before the target was kept: the committed config's record, where
+        # it names another backend or model, says what the loop's last episode ran on.
+        recorded = tuned_on(body)
+        then = None if recorded is None else _key(recorded)
+    if then is None or then == target:
+        return
+    if loop.state is ControllerState.STEADY and loop.trial is None \
+            and loop.pending_restore is None and loop.best_config is None:
+        return
+    check(loop.state, ControllerState.STEADY, Event.ENGINE_SWITCHED)
+    loop.state, loop.trial, loop.pending_restore = ControllerState.STEADY, None, None
+    loop.best_config = loop.best_goodput = loop.baseline_config = None
+    loop.rollout = loop.replica_wait = None
+    loop.reason = (f"{Event.ENGINE_SWITCHED.value}: {then} -> {target}; the episode's "
+                   "trials and configs were the other engine's")
+    meta = body.get("metadata") or {}
+    log.warning("%s/%s: the loop goes to steady: %s", meta.get("namespace"), meta.get("name"),
+                loop.reason)
+
+
+def _key(on: TunedOn) -> str:
+    return f"{on.backend}/{on.model}"
 
 
 def tuning_enabled(spec: Mapping[str, Any], **_: Any) -> bool:

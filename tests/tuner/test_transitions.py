@@ -245,6 +245,15 @@ def test_every_row_of_the_table_is_taken_and_nothing_else(
             m = MOVE.match(record.getMessage())
             if m:
                 taken.add((S(m[1]), S(m[2]), Event(m[3])))
+    from slopilot.operator.loop_status import rebase_episode
+
+    for state in S:  # the backend or model switched: the operator ends the episode
+        loop = LoopState(state=state, target="builtin/another-model",
+                         best_config={"token_budget": 512})
+        rebase_episode(loop, {"spec": {"model": {"name": "m"}}})
+        assert loop.state is S.STEADY, state
+        assert loop.reason.startswith(f"{Event.ENGINE_SWITCHED.value}: "), loop.reason
+        taken.add((state, S.STEADY, Event.ENGINE_SWITCHED))
     table = {(t.source, t.target, t.event) for t in TRANSITIONS}
     assert taken <= table  # holds by construction: a move outside it raises
     assert sorted(table - taken) == [], "rows no run takes"

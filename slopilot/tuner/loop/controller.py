@@ -19,6 +19,7 @@ The states and every move between them (``transitions.TRANSITIONS``, drawn by
                                                   too_little_traffic
       |<--------------------------------------|   cooldown_over
                                        again->|   commit_stuck
+      |<----------------------------- any state   engine_switched
       |<----------------------------- any state   tuning_off
       any state ----------------------------->|   error
 

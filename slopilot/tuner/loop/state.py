@@ -239,6 +239,10 @@ class LoopState:
     """A scale-up's replicas that never served, given back: no scale-up above those that
     did before its ``until``, unless more serve meanwhile; kept past it for its strikes,
     which double the next hold (``scale_wait.py``)."""
+    target: str | None = None
+    """The backend and model (``builtin/<model>``) the loop's episode and trial run on, as
+    the operator last built it: a switch since ends them (``rebase_episode``). None: a
+    state written before it, taken as the current ones."""
 
     def count_measured(self) -> None:
         """One more trial of the episode judged on a measured window."""

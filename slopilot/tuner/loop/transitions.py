@@ -56,6 +56,7 @@ class Event(enum.StrEnum):
     COMMIT_STUCK = "commit_stuck"
     ERROR = "error"
     TUNING_OFF = "tuning_off"
+    ENGINE_SWITCHED = "engine_switched"
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,8 @@ _ON_ERROR = ("any error: an episode rolled back to its best known config (an app
              "until it lands); outside one, the config left as it is")
 _ON_TUNING_OFF = ("tuning turned off (or the deployment deleted): the episode ends, its "
                   "open trial told failed")
+_ON_ENGINE_SWITCHED = ("spec.backend or the model switched: the episode ends, its open "
+                       "trial left to the other engine's study, its configs forgotten")
 TRANSITIONS: tuple[Transition, ...] = (
     Transition(S.STEADY, S.SCALING, Event.SCALE_ALERT,
                "an alert with action scale fires (and none with action hold)"),
@@ -153,6 +156,9 @@ TRANSITIONS: tuple[Transition, ...] = (
     # TUNING, COMMIT or SCALING state went on when tuning was turned on again, with no
     # alert to ask for it.
     *(Transition(s, S.STEADY, Event.TUNING_OFF, _ON_TUNING_OFF) for s in S),
+    # Nor this: the operator's, as it rebuilds the controller for the switched spec. Its
+    # trials were the other engine's (each backend and model has a study of its own).
+    *(Transition(s, S.STEADY, Event.ENGINE_SWITCHED, _ON_ENGINE_SWITCHED) for s in S),
 )
 
 _ALLOWED: dict[tuple[ControllerState, ControllerState], frozenset[Event]] = {}
