@@ -63,18 +63,17 @@ def test_a_count_that_misses_in_most_draws_still_scales_past_it() -> None:
     assert scaled == [4], reason
 
 
-def test_the_draws_stop_once_a_majority_agrees() -> None:
+def test_each_count_keeps_its_median_draw() -> None:
     calls: list[tuple[int, int | None]] = []
     answer = CapacityPlanner(seed=0, draw_fn=by_draw(EDGE, calls)).search(
         FakeProbe().scenario, {}, 1, 4, margin=0.1)
     assert answer.replicas == 3
-    # 1, 2 and 4: the first two draws agree; 3: split, the third decides.
-    assert calls == [(1, 0), (1, 1), (2, 0), (2, 1), (4, 0), (4, 1),
-                     (3, 0), (3, 1), (3, 2)], calls
-    # The verdict's record is the majority's draw nearest the line: its terms are what
-    # the replica plateau and the scale-down read.
+    assert calls == [(n, k) for n in (1, 2, 4, 3) for k in (0, 1, 2)], calls
+    # Its terms are what the replica plateau and the scale-down read: the median's, not
+    # the first draw's nor the luckiest.
     assert answer.results[3].constraints[1] == pytest.approx(0.81 - 1)
     assert answer.results[2].constraints[1] == pytest.approx(1.12 - 1)
+    assert answer.results[1].constraints[1] == pytest.approx(2.5 - 1)
 
 
 def test_one_draw_is_todays_single_window() -> None:
