@@ -12,7 +12,9 @@ breached minutes that one or two served as badly (the review's impossible-SLO ca
 worst term materially: by ``FLAT_SHARE`` of its limit and by ``GAP_CLOSED`` of its
 distance to the limit per doubling. When that is the largest count tried
 (each doubling still helps), the overload is capacity-bound and the loop still buys the
-cap; below it, the counts above the plateau are spend without effect.
+cap; below it, the counts above the plateau are spend without effect. A plateau whose
+count holds the SLO itself (only not with the caller's margin) is none: that is no SLO
+below one request.
 """
 
 from __future__ import annotations
@@ -132,6 +134,11 @@ def plateau(tried: Mapping[int, TrialResult]) -> Plateau | None:
     for i, n in enumerate(counts[:-1]):
         if any(_material(shares[n], shares[m], math.log2(m / n)) for m in counts[i + 1:]):
             continue
+        if shares[n] <= 1.0:
+            # It holds the SLO, only not with the caller's headroom (a scale-down's 20 %):
+            # no sign of an SLO below one request, and a fleet moved to it on that reading
+            # went from 2 replicas to 1 where one truly misses by 8 %.
+            return None
         found = Flat(top_term, n, counts[-1], shares[n], shares[counts[-1]])
         return Plateau(n, found, tuple((m, shares[m], worst_share(tried[m])[1])
                                        for m in counts))
