@@ -111,9 +111,9 @@ def closed_loop_after_shift() -> Scenario:
 
 
 def test_the_simulator_sizes_the_closed_loop_load_on_the_median_draw() -> None:
-    # On the real simulator: seed 3's one draw read 2 replicas at 98.5 % of P0's TBT
-    # limit, short of the 10 % a scale-up asks, and bought 3; its draws 4 and 5 hold
-    # 2 with that margin (2 holds with 10-30 % to spare in seeds 0-7's draws).
+    # On the real simulator: seed 3's one draw read 2 replicas with a term at 98.5 % of
+    # its limit, short of the 10 % a scale-up asks, and bought 3; its draws 4 and 5 hold
+    # 2 with that margin (the median of three says 2 for seeds 0-7 alike).
     scenario = closed_loop_after_shift()
     answer = CapacityPlanner(duration_s=60, seed=3).search(
         scenario, dict(scenario.engine), 1, 4, margin=0.1)
