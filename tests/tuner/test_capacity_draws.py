@@ -1,4 +1,5 @@
-"""A replica count's capacity verdict is the median of several seeded draws, not one.
+"""A replica count's capacity verdict near the margin's line is the median of several
+seeded draws, not one (a first draw far from it decides alone).
 
 In the closed loop (docs/closed_loop.md, seed 3) the post-shift load on 3 replicas held
 with 10 % headroom in 9 of 10 simulated draws; the loop's plan took one draw, the tenth,
@@ -68,11 +69,13 @@ def test_each_count_keeps_its_median_draw() -> None:
     answer = CapacityPlanner(seed=0, draw_fn=by_draw(EDGE, calls)).search(
         FakeProbe().scenario, {}, 1, 4, margin=0.1)
     assert answer.replicas == 3
-    assert calls == [(n, k) for n in (1, 2, 4, 3) for k in (0, 1, 2)], calls
+    # A first draw a tenth of the limit or more from the margin's line decides alone (1,
+    # 2 and 4 replicas); 3's, at 92 % against the 90 % a 10 % margin asks, is drawn again.
+    assert calls == [(1, 0), (2, 0), (4, 0), (3, 0), (3, 1), (3, 2)], calls
     # Its terms are what the replica plateau and the scale-down read: the median's, not
     # the first draw's nor the luckiest.
     assert answer.results[3].constraints[1] == pytest.approx(0.81 - 1)
-    assert answer.results[2].constraints[1] == pytest.approx(1.12 - 1)
+    assert answer.results[2].constraints[1] == pytest.approx(1.15 - 1)
     assert answer.results[1].constraints[1] == pytest.approx(2.5 - 1)
 
 
