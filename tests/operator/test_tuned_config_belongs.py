@@ -161,14 +161,22 @@ def test_a_backend_switch_leaves_the_builtin_tuned_config_behind_and_says_so(
     assert parse_spec(cluster.get()).engine.max_num_seqs == 8
 
 
-def test_a_model_switch_leaves_the_tuned_config_behind(
-        kube: RunningEmulator, kube_client: kubernetes.client.ApiClient) -> None:
+def _vllm_cr_with_eight_sequences(kube: RunningEmulator,
+                                  kube_client: kubernetes.client.ApiClient
+                                  ) -> tuple[Cluster, dict[str, Any], dict[str, Any]]:
+    """A vLLM CR as created, and its engine config with ``max_num_seqs`` 8 to record."""
     kube.install(crd_manifest())
     cluster = Cluster(kube_client)
     cluster.create(llmd(backend="vllm"))
     body = cluster.get()
     engine = parse_spec(body).engine.to_dict()
     engine.update(max_num_seqs=8)
+    return cluster, body, engine
+
+
+def test_a_model_switch_leaves_the_tuned_config_behind(
+        kube: RunningEmulator, kube_client: kubernetes.client.ApiClient) -> None:
+    cluster, body, engine = _vllm_cr_with_eight_sequences(kube, kube_client)
     record(kube_client, tuned_record(body, engine, trial=False) or {})
     assert tuned_overlay(cluster.get()) is not None
     cluster.patch("chat", {"spec": {"model": {"name": "meta-llama/Llama-3.1-70B-Instruct"}}})
@@ -183,12 +191,7 @@ def test_a_record_without_backend_or_model_belongs_to_the_current_ones(
         kube: RunningEmulator, kube_client: kubernetes.client.ApiClient) -> None:
     """Today's release recorded neither: absent means the current, so the upgrade to
     this one keeps every such record, and no warning is said for it."""
-    kube.install(crd_manifest())
-    cluster = Cluster(kube_client)
-    cluster.create(llmd(backend="vllm"))
-    body = cluster.get()
-    engine = parse_spec(body).engine.to_dict()
-    engine.update(max_num_seqs=8)
+    cluster, body, engine = _vllm_cr_with_eight_sequences(kube, kube_client)
     record(kube_client, {"engine": engine, "base": released_checksum(body)})
     body = cluster.get()
     assert parse_spec(body).engine.max_num_seqs == 8
