@@ -186,7 +186,8 @@ def open_deployment_study(ctx: DaemonContext, space: SearchSpace) -> optuna.Stud
     that changed a knob's choices, kind or ``log``) or on another backend or model, the
     successor of the space (and the backend and model), which is said once, as it is
     made: in the log and as an event on the CR."""
-    from slopilot.tuner.study.study_family import StudyTarget, open_for_space
+    from slopilot.tuner.study.study_family import open_for_space
+    from slopilot.tuner.study.study_target import StudyTarget
 
     target = StudyTarget(ctx.spec.backend.value, ctx.spec.model_ref)
     found = open_for_space(ctx.storage, study_name(ctx.namespace, ctx.name, ctx.uid), space,

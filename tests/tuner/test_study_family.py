@@ -13,13 +13,13 @@ from slopilot.tuner.study.space import SearchSpace
 from slopilot.tuner.study.space_fit import conflicts, fingerprint, space_distributions
 from slopilot.tuner.study.storage import open_study
 from slopilot.tuner.study.study_family import (
-    StudyTarget,
     base_of,
     delete_family,
     in_family,
     open_for_space,
     successor_name,
 )
+from slopilot.tuner.study.study_target import StudyTarget
 
 
 def asked(storage: str, name: str, space: SearchSpace) -> None:

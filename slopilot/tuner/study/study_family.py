@@ -23,9 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import optuna
 
@@ -37,6 +35,7 @@ from slopilot.tuner.study.space_fit import (
     space_distributions,
 )
 from slopilot.tuner.study.storage import delete_named_study, open_study, storage_of, study_names
+from slopilot.tuner.study.study_target import StudyTarget
 
 SUCCESSOR_MARK = "/space-"
 _FINGERPRINT = re.compile(r"[0-9a-f]{12}")
@@ -58,34 +57,6 @@ def base_of(name: str) -> str:
     """The base study of ``name`` (itself, where it is no successor)."""
     head, mark, tail = name.rpartition(SUCCESSOR_MARK)
     return head if mark and _FINGERPRINT.fullmatch(tail) else name
-
-
-TARGET_ATTR = "slopilot.target"
-"""The study's user attribute recording its ``StudyTarget``."""
-
-
-@dataclass(frozen=True)
-class StudyTarget:
-    """What a study's trials were run on: ``backend`` (builtin or vllm) and ``model``
-    (the model the engine loads)."""
-
-    backend: str
-    model: str
-
-    def describe(self) -> str:
-        return f"backend {self.backend}, model {self.model!r}"
-
-    @classmethod
-    def recorded(cls, attrs: Mapping[str, Any]) -> StudyTarget | None:
-        """The target a study's user attributes record; None where they record none."""
-        found = attrs.get(TARGET_ATTR)
-        if not isinstance(found, Mapping) or not isinstance(found.get("backend"), str) \
-                or not isinstance(found.get("model"), str):
-            return None
-        return cls(found["backend"], found["model"])
-
-    def record(self, study: optuna.Study) -> None:
-        study.set_user_attr(TARGET_ATTR, {"backend": self.backend, "model": self.model})
 
 
 def target_fingerprint(space_fingerprint: str, target: StudyTarget) -> str:
