@@ -21,7 +21,13 @@ from slopilot.engine.config import PRESETS, ConfigError, EngineConfig, coerce_kn
 from slopilot.operator.pod_layout import SCRAPE_INTERVAL_S
 from slopilot.operator.spec_reader import SpecReader, parse_duration
 from slopilot.operator.study_storage import sqlite_sidecar_problem
-from slopilot.operator.tuned_base import TunedOn, base_matches, moved_from, spec_checksum
+from slopilot.operator.tuned_base import (
+    base_matches,
+    moved_from,
+    recorded_target,
+    spec_checksum,
+    target_of,
+)
 from slopilot.tuner.loop.settings import (
     DEFAULT_CLASS_REQUESTS,
     DEFAULT_MAX_TRIAL_S,
@@ -30,6 +36,7 @@ from slopilot.tuner.loop.settings import (
 from slopilot.tuner.prometheus.rules import duration
 from slopilot.tuner.study.bounds import DEFAULT_BOUNDS, IntRange
 from slopilot.tuner.study.space import SearchSpace
+from slopilot.tuner.study.study_target import StudyTarget
 
 # spec.engine path (camelCase, as users write it) -> EngineConfig field name.
 KNOB_PATHS: dict[tuple[str, ...], str] = {
@@ -218,11 +225,11 @@ def tuned_left_behind(body: Mapping[str, Any]) -> str | None:
     return None if tuned is None else moved_from(tuned, body)
 
 
-def tuned_on(body: Mapping[str, Any]) -> TunedOn | None:
+def tuned_on(body: Mapping[str, Any]) -> StudyTarget | None:
     """The backend and model the committed ``status.tunedConfig`` of this spec's sections
     was tuned on (the current ones where it names none); None without one."""
     tuned = _recorded(body)
-    return None if tuned is None else TunedOn.recorded(tuned, TunedOn.of(body))
+    return None if tuned is None else recorded_target(tuned, target_of(body))
 
 
 def unstamped_target(body: Mapping[str, Any]) -> dict[str, str] | None:
@@ -233,7 +240,7 @@ def unstamped_target(body: Mapping[str, Any]) -> dict[str, str] | None:
     tuned = _tuned(body)
     if tuned is None or ("backend" in tuned and "model" in tuned):
         return None
-    return TunedOn.of(body).fields()
+    return target_of(body).fields()
 
 
 def trial_recorded(body: Mapping[str, Any]) -> bool:
@@ -263,7 +270,7 @@ def tuned_record(body: Mapping[str, Any], engine: Mapping[str, Any] | None, *,
     if engine is None:
         return None
     out: dict[str, Any] = {"engine": dict(engine), "base": engine_checksum(body),
-                           **TunedOn.of(body).fields()}
+                           **target_of(body).fields()}
     if trial:
         out["trial"] = True
         if (committed := committed_overlay(body)) is not None:

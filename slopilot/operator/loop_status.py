@@ -29,7 +29,7 @@ from slopilot.operator.reconcile import config_status
 from slopilot.operator.spec import Phase, SpecError, parse_spec
 from slopilot.operator.status_writer import replacing
 from slopilot.operator.study_cleanup import with_storage
-from slopilot.operator.tuned_base import TunedOn
+from slopilot.operator.tuned_base import target_of
 from slopilot.operator.twin_status import check_patch
 from slopilot.tuner.loop.controller import Controller
 from slopilot.tuner.loop.decision import Action, Decision
@@ -74,13 +74,13 @@ def _end_on_switch(loop: LoopState, body: Mapping[str, Any]) -> None:
     last built: its trial's number was asked in the other backend's study, and resumed
     in this one's it was an error or another trial's; its best and baseline are the other
     engine's knobs. Its trial is left to go stale there. Stamps the current target."""
-    target = _key(TunedOn.of(body))
+    target = target_of(body).key
     then, loop.target = loop.target, target
     if then is None:
         # A state from before the target was kept: the committed config's record, where
         # it names another backend or model, says what the loop's last episode ran on.
         recorded = tuned_on(body)
-        then = None if recorded is None else _key(recorded)
+        then = None if recorded is None else recorded.key
     if then is None or then == target:
         return
     if loop.state is ControllerState.STEADY and loop.trial is None \
@@ -95,10 +95,6 @@ def _end_on_switch(loop: LoopState, body: Mapping[str, Any]) -> None:
     meta = body.get("metadata") or {}
     log.warning("%s/%s: the loop goes to steady: %s", meta.get("namespace"), meta.get("name"),
                 loop.reason)
-
-
-def _key(on: TunedOn) -> str:
-    return f"{on.backend}/{on.model}"
 
 
 def tuning_enabled(spec: Mapping[str, Any], **_: Any) -> bool:

@@ -26,9 +26,10 @@ import hashlib
 import itertools
 import json
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from functools import cache
 from typing import Any
+
+from slopilot.tuner.study.study_target import StudyTarget
 
 SECTIONS = ("engine", "slo")
 BUILTIN = "builtin"
@@ -130,41 +131,32 @@ def base_matches(base: Any, body: Mapping[str, Any]) -> bool:
     return base == spec_checksum(body) or base in released_checksums(body)
 
 
-@dataclass(frozen=True)
-class TunedOn:
-    """The backend and model a config was tuned on."""
+def target_of(body: Mapping[str, Any]) -> StudyTarget:
+    """The backend and model ``body``'s spec runs (raw: knobs.py reads the CR before its
+    parse): the model the engine loads, ``spec.model.path`` else its name."""
+    spec = body.get("spec")
+    spec = spec if isinstance(spec, Mapping) else {}
+    model = spec.get("model")
+    model = model if isinstance(model, Mapping) else {}
+    backend = spec.get("backend")
+    ref = model.get("path") or model.get("name")
+    return StudyTarget(backend if isinstance(backend, str) else BUILTIN,
+                       ref if isinstance(ref, str) else "")
 
-    backend: str
-    model: str
 
-    @classmethod
-    def of(cls, body: Mapping[str, Any]) -> TunedOn:
-        """What ``body``'s spec runs (raw: knobs.py reads the CR before its parse)."""
-        spec = body.get("spec")
-        spec = spec if isinstance(spec, Mapping) else {}
-        model = spec.get("model")
-        model = model if isinstance(model, Mapping) else {}
-        backend = spec.get("backend")
-        ref = model.get("path") or model.get("name")
-        return cls(backend if isinstance(backend, str) else BUILTIN,
-                   ref if isinstance(ref, str) else "")
-
-    @classmethod
-    def recorded(cls, tuned: Mapping[str, Any], current: TunedOn) -> TunedOn:
-        """What ``tuned`` says it was tuned on; what it leaves out, the ``current``."""
-        backend, model = tuned.get("backend"), tuned.get("model")
-        return cls(backend if isinstance(backend, str) else current.backend,
-                   model if isinstance(model, str) else current.model)
-
-    def fields(self) -> dict[str, str]:
-        return {"backend": self.backend, "model": self.model}
+def recorded_target(tuned: Mapping[str, Any], current: StudyTarget) -> StudyTarget:
+    """What a ``status.tunedConfig`` record says it was tuned on; what it leaves out, the
+    ``current``."""
+    backend, model = tuned.get("backend"), tuned.get("model")
+    return StudyTarget(backend if isinstance(backend, str) else current.backend,
+                       model if isinstance(model, str) else current.model)
 
 
 def moved_from(tuned: Mapping[str, Any], body: Mapping[str, Any]) -> str | None:
     """Why ``tuned`` (a record whose sections match) does not belong to ``body``'s
     backend or model, in words for the SpecWarning event; None where it does."""
-    now = TunedOn.of(body)
-    then = TunedOn.recorded(tuned, now)
+    now = target_of(body)
+    then = recorded_target(tuned, now)
     if then == now:
         return None
     what = []

@@ -35,5 +35,14 @@ class StudyTarget:
             return None
         return cls(found["backend"], found["model"])
 
+    def fields(self) -> dict[str, str]:
+        """As a study's attribute and ``status.tunedConfig`` record it."""
+        return {"backend": self.backend, "model": self.model}
+
+    @property
+    def key(self) -> str:
+        """``builtin/<model>``: as the loop's state keeps it (``LoopState.target``)."""
+        return f"{self.backend}/{self.model}"
+
     def record(self, study: optuna.Study) -> None:
-        study.set_user_attr(TARGET_ATTR, {"backend": self.backend, "model": self.model})
+        study.set_user_attr(TARGET_ATTR, self.fields())
