@@ -58,3 +58,36 @@ def settle_send_deadline(protocol: Any, timers: ManualTimers, send_s: float) -> 
             timers.advance(timers.now + send_s)
             return bool(protocol.transport.is_closing())
         assert not on_loop(fire), "cut though its kernel took bytes in the period"
+
+
+CUT_PERIODS = 50
+"""A client that never reads has a bounded buffer: its kernel stops taking long before."""
+
+
+def cut_at_send_deadline(protocol: Any, timers: ManualTimers) -> int:
+    """Fire the send deadline of ``protocol`` (served on another thread's loop) at each
+    due time until it cuts the connection, and return how many it took.
+
+    One period is not always enough for a client that never reads: Linux may open its
+    closed window again well after the buffer filled (it compacts the receive queue and
+    answers a window probe), and bytes taken in a period are progress that arms another.
+    Each firing waits until the client's kernel takes no more, as ``settle_send_deadline``.
+    """
+    fd = protocol.transport.get_extra_info("socket").fileno()
+
+    def ready() -> bool:
+        if protocol.transport.is_closing():
+            return True
+        # Writing resumed (the client took enough): the next pause arms the deadline again.
+        return protocol._send_timer is not None and peer_full(fd)
+
+    async def fire() -> bool:
+        if not protocol.transport.is_closing() and (timer := protocol._send_timer):
+            timers.advance(timer.due)
+        return bool(protocol.transport.is_closing())
+
+    for period in range(1, CUT_PERIODS + 1):
+        wait_for(ready, what="the send deadline armed and the client's kernel full")
+        if asyncio.run_coroutine_threadsafe(fire(), protocol.loop).result(HANG_GUARD_S):
+            return period
+    raise AssertionError(f"not cut after {CUT_PERIODS} send deadlines")

@@ -14,7 +14,6 @@ measured time.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import socket
@@ -35,7 +34,7 @@ from slopilot.engine.request import Priority
 from slopilot.engine.verdicts import Verdicts
 from tests.engine.meter.test_meter import DONE, SLO, event
 from tests.support.manual_timers import ManualTimers
-from tests.support.tcp_queues import settle_send_deadline
+from tests.support.tcp_queues import cut_at_send_deadline, settle_send_deadline
 from tests.support.waits import HANG_GUARD_S, wait_for
 
 SEND_S = 60.0
@@ -124,10 +123,7 @@ def test_a_stalled_reader_is_let_go_and_its_upstream_closed(tmp_path: Path) -> N
         conn: Any = next(iter(meter.server.server_state.connections))
         # The client's kernel may take what its buffer holds after the pause: progress.
         settle_send_deadline(conn, timers, SEND_S)
-
-        async def advance() -> None:
-            timers.advance(timers.now + SEND_S)
-        asyncio.run_coroutine_threadsafe(advance(), conn.loop).result(HANG_GUARD_S)
+        cut_at_send_deadline(conn, timers)
         # The upstream request closed mid-stream: vLLM aborts it and frees its cache.
         assert meter.upstream.closed.wait(HANG_GUARD_S)
         assert not meter.upstream.finished

@@ -25,8 +25,8 @@ from slopilot.engine.request import Priority, RequestStatus
 from slopilot.engine.slo import SLOSpec
 from tests.support.live_server import LiveServer, start_server
 from tests.support.manual_timers import ManualTimers
-from tests.support.stalled_client import EngineFreeze, on_loop, paused, stalled_stream
-from tests.support.tcp_queues import settle_send_deadline
+from tests.support.stalled_client import EngineFreeze, paused, stalled_stream
+from tests.support.tcp_queues import cut_at_send_deadline, settle_send_deadline
 from tests.support.waits import wait_for
 
 SEND_S = 60.0
@@ -65,9 +65,9 @@ def test_a_stalled_reader_is_cut_by_the_send_deadline_not_counted_served(
         held = freeze.hold()
         assert [r.num_output_tokens < MAX_TOKENS for r in held] == [True]
         # The client's kernel may take what its buffer holds after the pause: progress.
-        settle_send_deadline(next(iter(server.server.server_state.connections)), timers,
-                             SEND_S)
-        on_loop(server, timers, timers.now + SEND_S)
+        conn = next(iter(server.server.server_state.connections))
+        settle_send_deadline(conn, timers, SEND_S)
+        cut_at_send_deadline(conn, timers)
         wait_for(lambda: metrics._e2e[Priority.P1].count == e2e + 1, what="the request observed")
         freeze.thaw()
         assert (metrics._success["abort"], metrics.send_timeouts) == (aborts + 1, timeouts + 1)
