@@ -15,6 +15,7 @@ from slopilot.tuner.study.storage import open_study
 from slopilot.tuner.study.study_family import (
     base_of,
     delete_family,
+    fail_left_trial,
     in_family,
     open_for_space,
     successor_name,
@@ -135,3 +136,47 @@ def test_a_study_made_before_targets_were_recorded_is_the_current_targets(
     assert found.move is None and len(found.study.trials) == 1
     assert StudyTarget.recorded(open_study(storage, "ns/chat/u1").user_attrs) == \
         StudyTarget("vllm", "m")
+
+
+def test_a_study_made_before_targets_were_recorded_takes_the_stamps_target(
+        tmp_path: Path) -> None:
+    """Made before the upgrade, its trials run on the built-in engine (as the committed
+    config's stamp says), and the spec switched to vLLM since: the study is the built-in
+    engine's, and vLLM goes on in a successor of its own."""
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    space = SearchSpace.from_bounds({})
+    builtin, vllm = StudyTarget("builtin", "m"), StudyTarget("vllm", "m")
+    told(open_study(storage, "ns/chat/u1"), space, 50.0)
+    found = open_for_space(storage, "ns/chat/u1", space, vllm, unrecorded=builtin)
+    assert found.move is not None and found.move.target_then == builtin
+    assert found.study.study_name != "ns/chat/u1" and found.study.trials == []
+    assert StudyTarget.recorded(open_study(storage, "ns/chat/u1").user_attrs) == builtin
+    # Recorded now: what a later caller takes the study to be no longer counts.
+    back = open_for_space(storage, "ns/chat/u1", space, builtin, unrecorded=vllm)
+    assert back.move is None and [t.value for t in back.study.trials] == [50.0]
+
+
+def test_a_trial_a_switch_left_running_is_told_failed_in_its_own_study(
+        tmp_path: Path) -> None:
+    """The built-in engine's trial 0 runs when the spec switches to vLLM: it is failed in
+    the built-in engine's study, with the switch as its reason, and vLLM's own running
+    trial 0 is left alone."""
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    space = SearchSpace.from_bounds({})
+    builtin, vllm = StudyTarget("builtin", "m"), StudyTarget("vllm", "m")
+    left = ResumableTuner(open_for_space(storage, "ns/chat/u1", space, builtin).study, space)
+    number, _ = left.ask()
+    moved = open_for_space(storage, "ns/chat/u1", space, vllm)
+    other = ResumableTuner(moved.study, space)
+    assert other.ask()[0] == number
+    why = "engine_switched: builtin/m -> vllm/m"
+    assert fail_left_trial(storage, "ns/chat/u1", builtin, number, why) == "ns/chat/u1"
+    failed = open_study(storage, "ns/chat/u1").trials[number]
+    assert failed.state is optuna.trial.TrialState.FAIL
+    assert failed.user_attrs["fail_reason"] == why
+    assert open_study(storage, moved.study.study_name).trials[number].state \
+        is optuna.trial.TrialState.RUNNING
+    # Told once: a second build after the switch finds none running.
+    assert fail_left_trial(storage, "ns/chat/u1", builtin, number, why) is None
+    left.close()
+    other.close()

@@ -10,7 +10,11 @@ model): a switch goes on in ``<base>/space-<fingerprint>`` of the space and the 
 both, whose trials were run on the same (a vLLM space is a subset of the built-in
 engine's, and Optuna would take it in the base study, the sampler learning from trials
 of another engine), and a switch back goes on where it left off. A study made before
-its target was recorded (the attribute absent) was run on the current target.
+its target was recorded (the attribute absent) was run on what its caller says its
+trials ran on (``unrecorded``: the operator reads the loop state's or the committed
+config's stamp), else on the current target. A trial a switch left running in the study
+of the target it ran on is told failed there (``fail_left_trial``), the switch its
+reason, rather than left to go stale.
 Whoever deletes the deployment's study deletes the family (``delete_family``): the base
 and each successor, matched by exact name, never a name that merely starts alike
 (``ns/chat/uid`` is not ``ns/chat2/uid``'s, nor ``ns2/chat/uid``'s).
@@ -26,6 +30,7 @@ import re
 from dataclasses import dataclass
 
 import optuna
+from optuna.trial import TrialState
 
 from slopilot.tuner.study.space import SearchSpace
 from slopilot.tuner.study.space_fit import (
@@ -102,18 +107,24 @@ class FamilyStudy:
 
 
 def open_for_space(storage: str | None, base: str, space: SearchSpace,
-                   target: StudyTarget | None = None) -> FamilyStudy:
+                   target: StudyTarget | None = None, *,
+                   unrecorded: StudyTarget | None = None) -> FamilyStudy:
     """The study of ``base``'s family that ``space`` can be asked in, on ``target``: the
     base where its trials allow (the common path), else the successor of the space (and
     of the target, where the base's trials were run on another), made where none is.
-    None: the target is not judged (``slopilot tune``'s own studies)."""
+    None: the target is not judged (``slopilot tune``'s own studies). ``unrecorded``:
+    what the base's trials ran on where it records no target (made before targets were
+    recorded; None: ``target``)."""
     study = open_study(storage, base)
     now = space_distributions(space)
     if target is not None:
         then = StudyTarget.recorded(study.user_attrs)
         if then is None:
-            target.record(study)  # made before targets were recorded: the current one
-        elif then != target:
+            # Made before targets were recorded: taken as the current one, a study of
+            # vLLM's trials went on as the built-in engine's after a switch.
+            then = unrecorded if unrecorded is not None else target
+            then.record(study)
+        if then != target:
             name = successor_name(base, target_fingerprint(fingerprint(now), target))
             successor, made = _successor(storage, study, name)
             if made or StudyTarget.recorded(successor.user_attrs) is None:
@@ -138,6 +149,38 @@ def _successor(storage: str | None, base: optuna.Study, name: str
     except KeyError:
         made = True
     return open_study(storage, name), made
+
+
+def fail_left_trial(storage: str, base: str, target: StudyTarget, number: int,
+                    reason: str) -> str | None:
+    """Trial ``number``, which a switch away from ``target`` left running in the family's
+    study of ``target``, told failed there with ``reason`` (its ``fail_reason``); the
+    study's name, or None where none of them still runs it (told already, or failed as
+    stale). Left running, it went stale a grace period later with no reason but a
+    missed heartbeat. Of several studies of ``target`` (a space moved too), the last
+    made that runs it. StudyStorageError where the storage cannot be reached."""
+    found: list[tuple[int, optuna.Study]] = []
+    for name in study_names(storage):
+        if not in_family(base, name):
+            continue
+        study = open_study(storage, name)
+        store = storage_of(study)
+        if store is None or StudyTarget.recorded(study.user_attrs) != target:
+            continue
+        running = [t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                   if t.number == number]
+        if running:
+            found.append((store.get_study_id_from_name(name), study))
+    if not found:
+        return None
+    study = max(found, key=lambda pair: pair[0])[1]
+    store = storage_of(study)
+    assert store is not None
+    trial_id = store.get_trial_id_from_study_id_trial_number(
+        store.get_study_id_from_name(study.study_name), number)
+    optuna.Trial(study, trial_id).set_user_attr("fail_reason", reason)
+    study.tell(number, state=TrialState.FAIL)
+    return study.study_name
 
 
 def delete_family(storage: str, base: str) -> list[str]:
