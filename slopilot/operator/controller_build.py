@@ -77,7 +77,7 @@ def build(kube: Kube, handle: KubeDeploymentHandle, body: Mapping[str, Any],
     # A fresh loop too: stamped with the backend and model it runs on, a switch later
     # ends its episode (rebase_episode).
     state = state if state is not None else LoopState()
-    rebase_episode(state, body)
+    ran_on = rebase_episode(state, body)
     named = policy.named_storage(spec.tuning.storage, meta["namespace"])
     try:  # before the study is opened: every study the operator makes is on record
         record(kube, policy.operator_namespace, meta["namespace"], named)
@@ -95,7 +95,7 @@ def build(kube: Kube, handle: KubeDeploymentHandle, body: Mapping[str, Any],
                         uid=str(meta.get("uid", "")),
                         namespace_label=policy.namespace_label,
                         prometheus_tls=policy.prometheus_tls,
-                        warn=functools.partial(_warn_on, body))
+                        warn=functools.partial(_warn_on, body), ran_on=ran_on)
     controller = factory(ctx)
     log.info("%s/%s: controller built (resumed state: %s)", meta["namespace"], meta["name"],
              state.state.value if resumed else None)

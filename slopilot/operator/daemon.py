@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, cast
 
 from slopilot.operator.engine_deployment import progress_deadline_s
+from slopilot.operator.engine_switch import RanOn
 from slopilot.operator.kube_handle import KubeDeploymentHandle
 from slopilot.operator.kubeapi import Kube
 from slopilot.operator.policy import DEFAULT_MAX_TRIALS_PER_HOUR
@@ -80,6 +81,10 @@ class DaemonContext:
     warn: Callable[[str, str], None] = field(default=lambda _reason, _message: None)
     """Posts a warning (reason, message) on the CR, as a Kubernetes Event
     (``controller_build.build`` passes kopf's); news the log alone would hide."""
+    ran_on: RanOn | None = None
+    """What the loop last ran on, and the trial a switch away ended (``rebase_episode``'s
+    answer): what a study with no target recorded was run on, and where that trial is
+    told failed. None: nothing on record says (the spec's current target)."""
 
 
 ControllerFactory = Callable[[DaemonContext], Controller]
@@ -185,13 +190,23 @@ def open_deployment_study(ctx: DaemonContext, space: SearchSpace) -> optuna.Stud
     own, or, where its trials were run under a space Optuna cannot go on in (an upgrade
     that changed a knob's choices, kind or ``log``) or on another backend or model, the
     successor of the space (and the backend and model), which is said once, as it is
-    made: in the log and as an event on the CR."""
-    from slopilot.tuner.study.study_family import open_for_space
+    made: in the log and as an event on the CR. A study made before targets were
+    recorded is taken as ``ctx.ran_on``'s, and the trial a switch ended is told failed in
+    its own study (``engine_switch.py``)."""
+    from slopilot.tuner.study.study_family import fail_left_trial, open_for_space
     from slopilot.tuner.study.study_target import StudyTarget
 
     target = StudyTarget(ctx.spec.backend.value, ctx.spec.model_ref)
-    found = open_for_space(ctx.storage, study_name(ctx.namespace, ctx.name, ctx.uid), space,
-                           target)
+    base = study_name(ctx.namespace, ctx.name, ctx.uid)
+    ran_on = ctx.ran_on
+    found = open_for_space(ctx.storage, base, space, target,
+                           unrecorded=None if ran_on is None else ran_on.target)
+    if ran_on is not None and ran_on.trial is not None and ran_on.target != target:
+        failed = fail_left_trial(ctx.storage, base, ran_on.target, ran_on.trial,
+                                 ran_on.reason)
+        if failed is not None:
+            log.info("%s/%s: trial %d told failed in study %s: %s", ctx.namespace, ctx.name,
+                     ran_on.trial, failed, ran_on.reason)
     move = found.move
     if move is not None and move.made:
         log.warning("%s/%s: %s", ctx.namespace, ctx.name, move.message())

@@ -440,6 +440,12 @@ class DeploymentLoop:
         if body is not None and str(body["metadata"].get("uid")) == self.uid:
             delete_studies(body, self.policy, log=self.logger)
 
+    def _fail_switched(self, controller: Controller, number: int, reason: str) -> None:
+        try:
+            controller.study.tell_failed(number, reason)
+        except Exception:  # left RUNNING, it goes stale once nothing beats for it
+            log.exception("%s: could not fail trial %d", self.key, number)
+
     def abandon(self, reason: str, *, restore: bool = False) -> None:
         """Tuning ends (the CR is being deleted, or tuning was turned off), and the
         episode with it (``Controller.stop``): the open trial is told failed, as a dead
@@ -460,10 +466,15 @@ class DeploymentLoop:
         if restore and trial is not None:
             # Before the stop, which ends the episode: its best or baseline is the target.
             try:  # the controller may predate an edit that ended tuning (rebase_episode)
-                rebase_episode(loop, self.handle.body())
+                ran_on = rebase_episode(loop, self.handle.body())
                 target = loop.rollback_config()
             except (ApplyError, SpecError) as exc:
                 log.warning("%s: no config restored after the trial: %s", self.key, exc)
+            else:
+                if ran_on is not None and ran_on.trial is not None:
+                    # A switch ended it, which the stop below no longer sees: this
+                    # controller was built on the trial's own study.
+                    self._fail_switched(controller, ran_on.trial, ran_on.reason)
         controller.stop(self.clock(), reason)
         if target is not None:
             try:

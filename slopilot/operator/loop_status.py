@@ -24,6 +24,7 @@ from typing import Any
 
 from slopilot.operator.conditions import ConditionType, condition, merge_conditions
 from slopilot.operator.daemon import PHASES
+from slopilot.operator.engine_switch import RanOn
 from slopilot.operator.knobs import tuned_on, tuned_overlay
 from slopilot.operator.reconcile import config_status
 from slopilot.operator.spec import Phase, SpecError, parse_spec
@@ -35,11 +36,12 @@ from slopilot.tuner.loop.controller import Controller
 from slopilot.tuner.loop.decision import Action, Decision
 from slopilot.tuner.loop.state import ControllerState, LoopState
 from slopilot.tuner.loop.transitions import Event, check
+from slopilot.tuner.study.study_target import StudyTarget
 
 log = logging.getLogger(__name__)
 
 
-def rebase_episode(loop: LoopState, body: Mapping[str, Any]) -> None:
+def rebase_episode(loop: LoopState, body: Mapping[str, Any]) -> RanOn | None:
     """The loop's configs after an edit of ``spec.engine`` or ``spec.slo``.
 
     The baseline is the whole config the episode began on, laid over the spec on a
@@ -55,10 +57,13 @@ def rebase_episode(loop: LoopState, body: Mapping[str, Any]) -> None:
     spec it was committed under as the tuned config did: it is forgotten with it, and so
     is what its rollout would be reverted to. An open
     episode's best is its own trials' and stays (laid over the spec as it is now).
+
+    Returns what the loop last ran on (None where nothing says), with the trial a switch
+    ended, for the study's open to fail it in its own study (``engine_switch.py``).
     """
-    _end_on_switch(loop, body)
+    ran_on = _end_on_switch(loop, body)
     if tuned_overlay(body) is not None:
-        return
+        return ran_on
     if not loop.episode_open:
         loop.best_config = loop.best_goodput = None
     if loop.rollout is not None:
@@ -67,34 +72,37 @@ def rebase_episode(loop: LoopState, body: Mapping[str, Any]) -> None:
         loop.rollout.revert_to = None
     if loop.baseline_config is not None:
         loop.baseline_config = parse_spec(body).engine.to_dict()
+    return ran_on
 
 
-def _end_on_switch(loop: LoopState, body: Mapping[str, Any]) -> None:
+def _end_on_switch(loop: LoopState, body: Mapping[str, Any]) -> RanOn | None:
     """The episode ends where ``spec.backend`` or the model switched since the loop was
     last built: its trial's number was asked in the other backend's study, and resumed
     in this one's it was an error or another trial's; its best and baseline are the other
-    engine's knobs. Its trial is left to go stale there. Stamps the current target."""
-    target = target_of(body).key
-    then, loop.target = loop.target, target
-    if then is None:
-        # A state from before the target was kept: the committed config's record, where
-        # it names another backend or model, says what the loop's last episode ran on.
-        recorded = tuned_on(body)
-        then = None if recorded is None else recorded.key
-    if then is None or then == target:
-        return
+    engine's knobs. Its trial is returned, to be told failed in that study. Stamps the
+    current target; returns the one before (None where nothing says)."""
+    now = target_of(body)
+    target = now.key
+    saved, loop.target = loop.target, target
+    # A state from before the target was kept: the committed config's record, where
+    # it names another backend or model, says what the loop's last episode ran on.
+    then = StudyTarget.from_key(saved) if saved is not None else tuned_on(body)
+    if then is None or then == now:
+        return None if then is None else RanOn(then)
     if loop.state is ControllerState.STEADY and loop.trial is None \
             and loop.pending_restore is None and loop.best_config is None:
-        return
+        return RanOn(then)
     check(loop.state, ControllerState.STEADY, Event.ENGINE_SWITCHED)
+    trial = None if loop.trial is None else loop.trial.number
     loop.state, loop.trial, loop.pending_restore = ControllerState.STEADY, None, None
     loop.best_config = loop.best_goodput = loop.baseline_config = None
     loop.rollout = loop.replica_wait = None
-    loop.reason = (f"{Event.ENGINE_SWITCHED.value}: {then} -> {target}; the episode's "
+    loop.reason = (f"{Event.ENGINE_SWITCHED.value}: {then.key} -> {target}; the episode's "
                    "trials and configs were the other engine's")
     meta = body.get("metadata") or {}
     log.warning("%s/%s: the loop goes to steady: %s", meta.get("namespace"), meta.get("name"),
                 loop.reason)
+    return RanOn(then, trial, loop.reason)
 
 
 def tuning_enabled(spec: Mapping[str, Any], **_: Any) -> bool:

@@ -111,6 +111,24 @@ def test_tuning_turned_off_mid_trial_says_the_deployment_no_longer_tunes(
             ("Running", "False", "Disabled")
 
 
+def test_a_switch_in_the_edit_that_turns_tuning_off_fails_the_trial_with_the_switch(
+        kube: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """One edit switches the model and turns tuning off mid-trial: the daemon's end
+    rebases the episode before it stops it, and the switch ended the trial there, which
+    the stop then no longer saw: it was left RUNNING in its study, to go stale."""
+    body, _, mint = reconciled(kube, cluster, llmd(
+        prometheus={"url": prom.url}, tuning={"window": "1h"}))
+    with _in_a_trial(cluster, body, mint, prom, monkeypatch) as (loop, _pod):
+        study = loop.controller.study
+        number = loop.controller.loop.trial.number
+        cluster.patch("chat", {"spec": {"model": {"name": "tiny-random"},
+                                        "tuning": {"enabled": False}}})
+        loop.abandon("tuning was disabled during the trial", restore=True)
+        assert study.failed.get(number, "").startswith("engine_switched: "), study.failed
+        assert cluster.status()["controller"].get("trial") is None
+
+
 @pytest.mark.parametrize("ended_by", ["daemon", "reconcile"])
 @pytest.mark.parametrize("left", ["trial", "tuning", "commit", "scaling", "owed"])
 def test_tuning_turned_on_again_waits_in_steady_for_an_alert(

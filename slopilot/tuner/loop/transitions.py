@@ -73,7 +73,8 @@ _ON_ERROR = ("any error: an episode rolled back to its best known config (an app
 _ON_TUNING_OFF = ("tuning turned off (or the deployment deleted): the episode ends, its "
                   "open trial told failed")
 _ON_ENGINE_SWITCHED = ("spec.backend or the model switched: the episode ends, its open "
-                       "trial left to the other engine's study, its configs forgotten")
+                       "trial told failed in its own engine's study, its configs "
+                       "forgotten")
 TRANSITIONS: tuple[Transition, ...] = (
     Transition(S.STEADY, S.SCALING, Event.SCALE_ALERT,
                "an alert with action scale fires (and none with action hold)"),

@@ -44,5 +44,11 @@ class StudyTarget:
         """``builtin/<model>``: as the loop's state keeps it (``LoopState.target``)."""
         return f"{self.backend}/{self.model}"
 
+    @classmethod
+    def from_key(cls, key: str) -> StudyTarget:
+        """The target ``key`` names (a backend holds no ``/``; a model may)."""
+        backend, _, model = key.partition("/")
+        return cls(backend, model)
+
     def record(self, study: optuna.Study) -> None:
         study.set_user_attr(TARGET_ATTR, self.fields())
