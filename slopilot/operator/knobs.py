@@ -243,6 +243,23 @@ def unstamped_target(body: Mapping[str, Any]) -> dict[str, str] | None:
     return target_of(body).fields()
 
 
+def left_trial_reduced(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``status`` members (a merge patch) that reduce a trial's ``status.tunedConfig``
+    which a backend or model switch left behind to its committed record: the committed
+    knobs kept beside the trial's as the record's, the trial's keys taken out, stamped as
+    before; the record dropped where nothing was committed beneath. None ({}) where there
+    is no such record. The switch ended the trial (``engine_switched``), so no daemon
+    gives its record back; kept, switched back, the trial's knobs went to the pods as if
+    committed (``tuned_overlay`` runs a trial's record while tuning is on)."""
+    tuned = _recorded(body)
+    if tuned is None or tuned.get("trial") is not True or moved_from(tuned, body) is None:
+        return {}
+    committed = tuned.get("committed")
+    if not isinstance(committed, dict):
+        return {"tunedConfig": None}
+    return {"tunedConfig": {"engine": dict(committed), "trial": None, "committed": None}}
+
+
 def trial_recorded(body: Mapping[str, Any]) -> bool:
     """Whether ``status.tunedConfig`` is a trial's (one on every replica: vLLM's, which
     roll them, or a built-in one's without a canary), not a committed config."""

@@ -19,7 +19,7 @@ from slopilot.operator.conditions import (
 from slopilot.operator.cr_locks import key_of
 from slopilot.operator.disruption_budget import budget_conditions
 from slopilot.operator.drift import not_repaired_message
-from slopilot.operator.knobs import unstamped_target
+from slopilot.operator.knobs import left_trial_reduced, unstamped_target
 from slopilot.operator.kubeapi import ApiError, Kube
 from slopilot.operator.loop_status import ended_episode, tuning_enabled
 from slopilot.operator.owned_pods import ready_replicas
@@ -122,6 +122,7 @@ def status_of(body: Mapping[str, Any], outcome: Outcome,
         # Merged into the record (the write is conditional on the version read): kopf's
         # resume handler reconciles every CR at the start, before any switch is judged.
         out["tunedConfig"] = stamp
+    out.update(left_trial_reduced(body))  # a record the stamp belongs to is never left
     return out | untuned
 
 

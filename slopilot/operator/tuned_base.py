@@ -166,4 +166,5 @@ def moved_from(tuned: Mapping[str, Any], body: Mapping[str, Any]) -> str | None:
         what.append(f"model {then.model!r} (spec.model is {now.model!r} now)")
     return (f"status.tunedConfig was tuned on {' and '.join(what)}: its knobs are not "
             "run, the spec's are, and tuning starts over for this one in a study of its "
-            "own (the record is kept: switched back, it applies again)")
+            "own (the record is kept, a trial's as its committed knobs: switched back, "
+            "they apply again)")

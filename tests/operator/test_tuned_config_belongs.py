@@ -219,3 +219,49 @@ def test_the_first_reconcile_stamps_a_record_of_the_earlier_release_with_its_bac
     assert parse_spec(cluster.get()).engine.max_num_seqs == 8
     cluster.patch("chat", {"spec": {"backend": "vllm"}})
     assert tuned_overlay(cluster.get()) is None
+
+
+def test_a_trials_record_left_by_a_switch_applies_only_its_committed_knobs_back(
+        kube: RunningEmulator, kube_client: kubernetes.client.ApiClient) -> None:
+    """A trial's record (16 sequences, over the committed 8) when the spec switches to
+    vLLM: the switch ends the trial, and switched back its knobs went to the pods as if
+    committed. The reconcile of the switch keeps only the committed record."""
+    kube.install(crd_manifest())
+    cluster = Cluster(kube_client)
+    cluster.create(llmd(backend="builtin"))
+    policy, mint = OperatorPolicy(), operator_mint(cluster)
+    body = cluster.get()
+    committed = parse_spec(body).engine.to_dict()
+    committed.update(token_budget=128, chunk_size=64, max_num_seqs=8)
+    record(kube_client, tuned_record(body, committed, trial=False) or {})
+    body = cluster.get()
+    trial = {**committed, "max_num_seqs": 16}
+    record(kube_client, tuned_record(body, trial, trial=True) or {})
+    assert parse_spec(cluster.get()).engine.max_num_seqs == 16  # the trial runs
+    cluster.patch("chat", {"spec": {"backend": "vllm"}})
+    outcome = reconcile(Kube(kube_client), cluster.get(), policy=policy, mint=mint)
+    write_status(Kube(kube_client), NS, "chat", lambda fresh: status_of(fresh, outcome))
+    tuned = cluster.get()["status"]["tunedConfig"]
+    assert "trial" not in tuned and "committed" not in tuned
+    assert tuned["engine"] == committed and tuned["backend"] == "builtin"
+    cluster.patch("chat", {"spec": {"backend": "builtin"}})
+    assert parse_spec(cluster.get()).engine.max_num_seqs == 8
+
+
+def test_a_trials_record_left_by_a_switch_with_nothing_committed_is_dropped(
+        kube: RunningEmulator, kube_client: kubernetes.client.ApiClient) -> None:
+    kube.install(crd_manifest())
+    cluster = Cluster(kube_client)
+    cluster.create(llmd(backend="builtin"))
+    body = cluster.get()
+    trial = parse_spec(body).engine.to_dict()
+    trial.update(max_num_seqs=16)
+    # No committed config beneath it: recorded as the trial's alone.
+    record(kube_client, {**(tuned_record(body, trial, trial=False) or {}), "trial": True})
+    cluster.patch("chat", {"spec": {"model": {"name": "tiny-random"}}})
+    outcome = reconcile(Kube(kube_client), cluster.get(), policy=OperatorPolicy(),
+                        mint=operator_mint(cluster))
+    write_status(Kube(kube_client), NS, "chat", lambda fresh: status_of(fresh, outcome))
+    assert cluster.get()["status"].get("tunedConfig") is None
+    cluster.patch("chat", {"spec": {"model": {"name": "smollm2-135m"}}})
+    assert parse_spec(cluster.get()).engine.max_num_seqs == 256
