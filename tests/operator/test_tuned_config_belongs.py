@@ -265,3 +265,28 @@ def test_a_trials_record_left_by_a_switch_with_nothing_committed_is_dropped(
     assert cluster.get()["status"].get("tunedConfig") is None
     cluster.patch("chat", {"spec": {"model": {"name": "smollm2-135m"}}})
     assert parse_spec(cluster.get()).engine.max_num_seqs == 256
+
+
+def test_the_model_is_what_the_engine_loads_not_the_name_it_is_served_as(
+        kube: RunningEmulator, kube_client: kubernetes.client.ApiClient) -> None:
+    """A path added under the name the config was tuned for is a switch: the name is only
+    the id the pods serve it as, and nothing the operator reads says what the directory
+    holds. Were the name the model, a tenant kept it and pointed the path at other
+    weights, and the 135M model's eight sequences went to a 70B's pods. The same
+    argument given as a path instead of a name is no switch."""
+    cluster, body, engine = _vllm_cr_with_eight_sequences(kube, kube_client)
+    record(kube_client, tuned_record(body, engine, trial=False) or {})
+    cluster.patch("chat", {"spec": {"model": {"path": "/opt/weights/llama-3.1-70b"}}})
+    switched = cluster.get()
+    assert switched["spec"]["model"]["name"] == "smollm2-135m"
+    assert tuned_overlay(switched) is None
+    assert parse_spec(switched).engine.max_num_seqs == 256
+    said = [w for w in parse_spec(switched).warnings if "status.tunedConfig" in w]
+    assert len(said) == 1 and "'/opt/weights/llama-3.1-70b'" in said[0]
+    # and back: the path removed, the name is what the engine loads again
+    cluster.patch("chat", {"spec": {"model": {"path": None}}})
+    assert parse_spec(cluster.get()).engine.max_num_seqs == 8
+    # the name itself given as the path: the same argument, the same model
+    cluster.patch("chat", {"spec": {"model": {"name": "served-as-chat",
+                                              "path": "smollm2-135m"}}})
+    assert parse_spec(cluster.get()).engine.max_num_seqs == 8
