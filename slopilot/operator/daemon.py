@@ -193,6 +193,7 @@ def open_deployment_study(ctx: DaemonContext, space: SearchSpace) -> optuna.Stud
     made: in the log and as an event on the CR. A study made before targets were
     recorded is taken as ``ctx.ran_on``'s, and the trial a switch ended is told failed in
     its own study (``engine_switch.py``)."""
+    from slopilot.tuner.study.storage import StudyStorageError
     from slopilot.tuner.study.study_family import fail_left_trial, open_for_space
     from slopilot.tuner.study.study_target import StudyTarget
 
@@ -202,11 +203,16 @@ def open_deployment_study(ctx: DaemonContext, space: SearchSpace) -> optuna.Stud
     found = open_for_space(ctx.storage, base, space, target,
                            unrecorded=None if ran_on is None else ran_on.target)
     if ran_on is not None and ran_on.trial is not None and ran_on.target != target:
-        failed = fail_left_trial(ctx.storage, base, ran_on.target, ran_on.trial,
-                                 ran_on.reason)
-        if failed is not None:
-            log.info("%s/%s: trial %d told failed in study %s: %s", ctx.namespace, ctx.name,
-                     ran_on.trial, failed, ran_on.reason)
+        try:
+            failed = fail_left_trial(ctx.storage, base, ran_on.target, ran_on.trial,
+                                     ran_on.reason)
+        except StudyStorageError as exc:  # tuning goes on: the trial goes stale instead
+            log.warning("%s/%s: trial %d, ended by the switch, not told failed: %s",
+                        ctx.namespace, ctx.name, ran_on.trial, exc)
+        else:
+            if failed is not None:
+                log.info("%s/%s: trial %d told failed in study %s: %s", ctx.namespace,
+                         ctx.name, ran_on.trial, failed, ran_on.reason)
     move = found.move
     if move is not None and move.made:
         log.warning("%s/%s: %s", ctx.namespace, ctx.name, move.message())

@@ -154,6 +154,9 @@ def test_a_study_made_before_targets_were_recorded_takes_the_stamps_target(
     # Recorded now: what a later caller takes the study to be no longer counts.
     back = open_for_space(storage, "ns/chat/u1", space, builtin, unrecorded=vllm)
     assert back.move is None and [t.value for t in back.study.trials] == [50.0]
+    # A study with no trials yet (a storage moved since, say) is the current target's.
+    fresh = open_for_space(storage, "ns/chat/u2", space, vllm, unrecorded=builtin)
+    assert fresh.move is None and fresh.study.study_name == "ns/chat/u2"
 
 
 def test_a_trial_a_switch_left_running_is_told_failed_in_its_own_study(

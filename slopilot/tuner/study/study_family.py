@@ -113,16 +113,18 @@ def open_for_space(storage: str | None, base: str, space: SearchSpace,
     base where its trials allow (the common path), else the successor of the space (and
     of the target, where the base's trials were run on another), made where none is.
     None: the target is not judged (``slopilot tune``'s own studies). ``unrecorded``:
-    what the base's trials ran on where it records no target (made before targets were
-    recorded; None: ``target``)."""
+    what the base's trials ran on where it holds some and records no target (made before
+    targets were recorded; None: ``target``)."""
     study = open_study(storage, base)
     now = space_distributions(space)
     if target is not None:
         then = StudyTarget.recorded(study.user_attrs)
         if then is None:
             # Made before targets were recorded: taken as the current one, a study of
-            # vLLM's trials went on as the built-in engine's after a switch.
-            then = unrecorded if unrecorded is not None else target
+            # the built-in engine's trials went on as vLLM's after a switch. One with no
+            # trials (just made) is the current target's whatever ran before.
+            then = unrecorded if unrecorded is not None \
+                and study.get_trials(deepcopy=False) else target
             then.record(study)
         if then != target:
             name = successor_name(base, target_fingerprint(fingerprint(now), target))
