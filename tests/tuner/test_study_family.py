@@ -183,3 +183,24 @@ def test_a_trial_a_switch_left_running_is_told_failed_in_its_own_study(
     assert fail_left_trial(storage, "ns/chat/u1", builtin, number, why) is None
     left.close()
     other.close()
+
+
+def test_a_trial_a_switch_left_in_a_space_moves_successor_is_told_failed_there(
+        tmp_path: Path) -> None:
+    """A space move's successor records no target: its trials ran on its base's."""
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    old = SearchSpace.from_bounds({"max_preemptions_per_step": {"lo": 1, "hi": 16,
+                                                                "log": True}})
+    now = SearchSpace.from_bounds({})
+    builtin, vllm = StudyTarget("builtin", "m"), StudyTarget("vllm", "m")
+    told(open_for_space(storage, "ns/chat/u1", old, builtin).study, old, 50.0)
+    moved = open_for_space(storage, "ns/chat/u1", now, builtin)
+    assert moved.move is not None and moved.move.target_then is None
+    left = ResumableTuner(moved.study, now)
+    number, _ = left.ask()
+    assert fail_left_trial(storage, "ns/chat/u1", vllm, number, "x") is None
+    assert fail_left_trial(storage, "ns/chat/u1", builtin, number, "switched") == \
+        moved.study.study_name
+    assert open_study(storage, moved.study.study_name).trials[number].state \
+        is optuna.trial.TrialState.FAIL
+    left.close()

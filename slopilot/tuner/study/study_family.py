@@ -159,27 +159,25 @@ def fail_left_trial(storage: str, base: str, target: StudyTarget, number: int,
     study of ``target``, told failed there with ``reason`` (its ``fail_reason``); the
     study's name, or None where none of them still runs it (told already, or failed as
     stale). Left running, it went stale a grace period later with no reason but a
-    missed heartbeat. Of several studies of ``target`` (a space moved too), the last
-    made that runs it. StudyStorageError where the storage cannot be reached."""
-    found: list[tuple[int, optuna.Study]] = []
-    for name in study_names(storage):
-        if not in_family(base, name):
-            continue
-        study = open_study(storage, name)
+    missed heartbeat. A study of ``target``: one that records it, or a successor a space
+    move made that records none, of a base that does. Of several, the last made that
+    runs it. StudyStorageError where the storage cannot be reached."""
+    studies = {name: open_study(storage, name)
+               for name in study_names(storage) if in_family(base, name)}
+    base_target = StudyTarget.recorded(studies[base].user_attrs) if base in studies else None
+    found: list[tuple[int, optuna.Study, optuna.storages.BaseStorage]] = []
+    for name, study in studies.items():
         store = storage_of(study)
-        if store is None or StudyTarget.recorded(study.user_attrs) != target:
+        recorded = StudyTarget.recorded(study.user_attrs)
+        if store is None or (recorded or (base_target if name != base else None)) != target:
             continue
-        running = [t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-                   if t.number == number]
-        if running:
-            found.append((store.get_study_id_from_name(name), study))
+        if any(t.number == number for t in
+               study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))):
+            found.append((store.get_study_id_from_name(name), study, store))
     if not found:
         return None
-    study = max(found, key=lambda pair: pair[0])[1]
-    store = storage_of(study)
-    assert store is not None
-    trial_id = store.get_trial_id_from_study_id_trial_number(
-        store.get_study_id_from_name(study.study_name), number)
+    study_id, study, store = max(found, key=lambda entry: entry[0])
+    trial_id = store.get_trial_id_from_study_id_trial_number(study_id, number)
     optuna.Trial(study, trial_id).set_user_attr("fail_reason", reason)
     study.tell(number, state=TrialState.FAIL)
     return study.study_name
