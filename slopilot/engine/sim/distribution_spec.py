@@ -17,11 +17,11 @@ from typing import Any
 
 from slopilot.engine.sim import distributions as dist
 from slopilot.engine.sim.spec_reader import Reader, ScenarioError
-from slopilot.engine.sim.trace import BUILTIN_TRACES, TraceError, TraceRecord, read_trace
+from slopilot.engine.sim.trace import BUILTIN_TRACES, Trace, TraceError, load_trace
 
 
-def read_cached(trace: str, fmt: str | None, model: str | None = None) -> list[TraceRecord]:
-    """``read_trace``, once per version of the file: parsing the shipped hour of Azure
+def read_cached(trace: str, fmt: str | None, model: str | None = None) -> Trace:
+    """``load_trace``, once per version of the file: parsing the shipped hour of Azure
     traffic takes a few tenths of a second, and a tuner builds the same scenario's
     workload for every trial. Keyed by the file's size, inode and modification time as
     well as its name, so a file rewritten in place is read again, not replayed stale."""
@@ -40,8 +40,8 @@ def _version(trace: str) -> tuple[int, int, int] | None:
 
 @functools.lru_cache(maxsize=4)
 def _read_version(trace: str, fmt: str | None, model: str | None,
-                  version: tuple[int, int, int] | None) -> list[TraceRecord]:
-    return read_trace(trace, fmt=fmt, model=model)
+                  version: tuple[int, int, int] | None) -> Trace:
+    return load_trace(trace, fmt=fmt, model=model)
 
 
 _DISTS = ("fixed", "uniform", "lognormal", "empirical")
@@ -76,7 +76,7 @@ def _empirical(dr: Reader, base_dir: Path, clip: dict[str, float]) -> dist.Empir
         field = dr.text("field", choices=("prompt_tokens", "output_tokens"))
         trace = trace_name(dr, "trace", base_dir)
         try:
-            records = read_cached(trace, None)
+            records = read_cached(trace, None).records
         except TraceError as e:
             raise ScenarioError(f"{dr.source}: {dr.qualify('trace')}: {e}") from None
         values = tuple(float(getattr(rec, field)) for rec in records)

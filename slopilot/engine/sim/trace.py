@@ -23,8 +23,9 @@ import functools
 import json
 import math
 import shlex
+from array import array
 from collections.abc import Callable, Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
@@ -38,6 +39,7 @@ from slopilot.engine.sim.quote import excerpt
 from slopilot.engine.sim.trace_fields import MAX_SECONDS, TraceError
 from slopilot.engine.sim.trace_formats import (
     FORMATS,
+    Lines,
     TraceRecord,
     is_burstgpt_header,
     is_mooncake_row,
@@ -47,6 +49,7 @@ from slopilot.engine.sim.trace_formats import (
     parse_jsonl,
 )
 from slopilot.engine.sim.trace_public import MOONCAKE_BLOCK_TOKENS, parse_burstgpt, parse_mooncake
+from slopilot.engine.sim.trace_span import StrayGap, stray_gap
 from slopilot.engine.sim.workload import (
     DEFAULT_VOCAB_SIZE,
     ClassMix,
@@ -87,10 +90,27 @@ def trace_source(name_or_path: str | Path) -> Traversable | Path:
     return path
 
 
+@dataclass(frozen=True, slots=True)
+class Trace:
+    """A trace as read: its records (``read_trace``), and the gap that sets a stray time
+    apart from the rest, if one does (``trace_span.py``), refused where a replay's cut
+    holds both sides of it."""
+
+    records: list[TraceRecord]
+    stray: StrayGap | None
+
+
 def read_trace(name_or_path: str | Path, *, fmt: str | None = None,
                model: str | None = None) -> list[TraceRecord]:
     """All records, sorted by arrival, times relative to the first request; ``model``
     keeps one model's rows of a trace that names them (BurstGPT's)."""
+    return load_trace(name_or_path, fmt=fmt, model=model).records
+
+
+def load_trace(name_or_path: str | Path, *, fmt: str | None = None,
+               model: str | None = None) -> Trace:
+    """``read_trace``'s records, with the stray gap among their times found while each
+    one's line is known."""
     source = trace_source(name_or_path)
     if fmt is not None and fmt not in FORMATS:
         raise TraceError(f"trace format {fmt!r} is unknown; use one of: {', '.join(FORMATS)}")
@@ -109,10 +129,10 @@ def read_trace(name_or_path: str | Path, *, fmt: str | None = None,
     # Ended as the csv module ends a row: at an LF, a CRLF or a bare CR (a file of
     # CR-ended rows counted by its LFs was one line, and 1 GiB of it ~45 GB in memory).
     ends = data.count(b"\n") + data.count(b"\r") - data.count(b"\r\n")
-    lines = ends + (not data.endswith((b"\n", b"\r")))
-    if lines > MAX_TRACE_ROWS + 1:  # the rows and a header
+    n_lines = ends + (not data.endswith((b"\n", b"\r")))
+    if n_lines > MAX_TRACE_ROWS + 1:  # the rows and a header
         raise TraceError(
-            f"{label}: the trace has {lines:,} lines; at most {MAX_TRACE_ROWS:,} are read "
+            f"{label}: the trace has {n_lines:,} lines; at most {MAX_TRACE_ROWS:,} are read "
             f"(~260 bytes each in memory while parsed): cut it to the span you replay, e.g. "
             f"with head -n {MAX_TRACE_ROWS + 1}")
     try:
@@ -126,22 +146,27 @@ def read_trace(name_or_path: str | Path, *, fmt: str | None = None,
     if model is not None and fmt != "burstgpt":
         raise TraceError(f"{label}: a model filter ({excerpt(model)}) needs a trace with a "
                          f"Model column (BurstGPT's); this one is {fmt}: leave it out")
-    parsers: dict[str, Callable[[str, str], list[TraceRecord]]] = {
+    parsers: dict[str, Callable[[str, str, Lines], list[TraceRecord]]] = {
         "csv": parse_csv, "azure-csv": parse_azure, "jsonl": parse_jsonl,
         "burstgpt": functools.partial(parse_burstgpt, model=model),
         "mooncake": parse_mooncake}
     parse = parsers[fmt]
-    records = parse(text, label)
+    lines: Lines = array("I")
+    records = parse(text, label, lines)
     if not records:
         raise TraceError(f"{label}: the trace has no requests")
     del text
+    assert len(lines) == len(records), "a parser appends each record's line"
+    times = np.fromiter((r.arrival_time for r in records), np.float64, len(records))
+    stray = stray_gap(times, lines, label)
+    del times, lines
     records.sort(key=lambda r: r.arrival_time)  # stable: rows at one time keep their order
     t0 = records[0].arrival_time
     # In place, each parsed record freed as its replacement is made: two lists of them
     # were the read's peak.
     for i, r in enumerate(records):
         records[i] = replace(r, arrival_time=r.arrival_time - t0, index=i)
-    return records
+    return Trace(records, stray)
 
 
 def _format_of(name: str, text: str) -> str:

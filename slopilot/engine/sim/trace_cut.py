@@ -93,7 +93,7 @@ def left_out(spec: TraceSpec, cut: str) -> LeftOut | None:
     keeps its busiest minutes by both."""
     if spec.start_s == 0.0 and spec.end_s is None and spec.max_requests is None:
         return None
-    whole = read_cached(spec.trace, spec.fmt, spec.model)
+    whole = read_cached(spec.trace, spec.fmt, spec.model).records
     kept = window(whole, start_s=spec.start_s, end_s=spec.end_s,
                   max_requests=spec.max_requests)
     kept_ids = {r.index for r in kept}  # each record's place in the whole trace

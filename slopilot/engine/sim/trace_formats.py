@@ -17,9 +17,12 @@ from __future__ import annotations
 import csv
 import json
 import re
+from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeAlias
+
+import numpy as np
 
 from slopilot.engine.json_keys import DuplicateKey, loads_unique
 from slopilot.engine.request import Priority
@@ -55,14 +58,22 @@ class TraceRecord:
     trace replays the requests the whole replay has there (``TraceWorkload``)."""
 
 
-def parse_csv(text: str, label: str) -> list[TraceRecord]:
-    """Either CSV form, told apart by the header row."""
+Lines: TypeAlias = "array[int]"
+"""Each record's line (typecode ``I``), in the order of the records returned. Kept
+beside the records, 4 bytes a row, rather than on each record (a field there, ~36 bytes
+a row, was 180 MB over 5M rows), for an error that names a row once they are sorted
+(``trace_span.py``)."""
+
+
+def parse_csv(text: str, label: str, lines: Lines | None = None) -> list[TraceRecord]:
+    """Either CSV form, told apart by the header row; each record's line appended to
+    ``lines``."""
     refuse_empty(text, label, f"{','.join(CSV_COLUMNS)}[,class] (or Azure's "
                               f"{','.join(_AZURE_COLUMNS)})")
     rows = numbered_rows(text, label)
     header = next(rows, (1, None))[1]
     if header is not None and tuple(h.strip() for h in header[:3]) == _AZURE_COLUMNS:
-        return parse_azure(text, label)
+        return parse_azure(text, label, lines)
     other = ("; this is BurstGPT's header: give --trace-format burstgpt, or leave it out"
              if is_burstgpt_header(header) else "")
     table = CsvTable.of(rows, header, label, required=CSV_COLUMNS, optional=("class",),
@@ -82,6 +93,8 @@ def parse_csv(text: str, label: str) -> list[TraceRecord]:
             clock.read(table.field(row, "arrival_time"), line, table.said("arrival_time")),
             table.count(row, "prompt_tokens", line), table.count(row, "output_tokens", line),
             priority))
+        if lines is not None:
+            lines.append(line)
     return records
 
 
@@ -260,7 +273,7 @@ def refuse_wide(row: list[str], width: int, label: str, line: int) -> None:
             "(or quote a field that holds a comma)")
 
 
-def parse_azure(text: str, label: str) -> list[TraceRecord]:
+def parse_azure(text: str, label: str, lines: Lines | None = None) -> list[TraceRecord]:
     refuse_empty(text, label, ",".join(_AZURE_COLUMNS))
     rows = numbered_rows(text, label)
     header = next(rows, (1, None))[1]
@@ -280,6 +293,8 @@ def parse_azure(text: str, label: str) -> list[TraceRecord]:
         prompt = token_count(row[1], label, line, "ContextTokens", lo=1)
         output = token_count(row[2], label, line, "GeneratedTokens", lo=1)
         records.append(TraceRecord(t, prompt, output))
+        if lines is not None:
+            lines.append(line)
     return records
 
 
@@ -318,7 +333,7 @@ def _lines(text: str) -> Iterator[str]:
     yield text[start:]
 
 
-def parse_jsonl(text: str, label: str) -> list[TraceRecord]:
+def parse_jsonl(text: str, label: str, lines: Lines | None = None) -> list[TraceRecord]:
     records: list[TraceRecord] = []
     clock = Clock(label)
     sessions: dict[object, int] = {}
@@ -362,7 +377,15 @@ def parse_jsonl(text: str, label: str) -> list[TraceRecord]:
             # Any JSON scalar names a session; number them in order of first appearance.
             session = sessions.setdefault(_hashable(obj["session_id"]), len(sessions))
         records.append(TraceRecord(t, prompt, output, priority, session))
-    return _conversations(records, len(sessions)) if sessions else records
+        if lines is not None:
+            lines.append(line)
+    if not sessions:
+        return records
+    if lines is not None:
+        # The records are put in arrival order (stably, as below): their lines too.
+        arrivals = np.fromiter((r.arrival_time for r in records), np.float64, len(records))
+        lines[:] = array(lines.typecode, np.asarray(lines)[np.argsort(arrivals, kind="stable")])
+    return _conversations(records, len(sessions))
 
 
 def _conversations(records: list[TraceRecord], next_id: int) -> list[TraceRecord]:

@@ -25,6 +25,7 @@ from slopilot.engine.sim.trace_fields import DATES, Clock, TraceError, token_cou
 from slopilot.engine.sim.trace_formats import (
     BURSTGPT_COLUMNS,
     CsvTable,
+    Lines,
     TraceRecord,
     json_objects,
     numbered_rows,
@@ -46,7 +47,8 @@ _BURSTGPT_FORM = f"BurstGPT's CSV has {','.join(BURSTGPT_COLUMNS)}"
 _SHOWN_MODELS = 8
 
 
-def parse_burstgpt(text: str, label: str, *, model: str | None = None) -> list[TraceRecord]:
+def parse_burstgpt(text: str, label: str, lines: Lines | None = None, *,
+                   model: str | None = None) -> list[TraceRecord]:
     """BurstGPT's rows (of ``model`` only, in any case, when given); failed ones skipped."""
     refuse_empty(text, label, ",".join(BURSTGPT_COLUMNS))
     rows = numbered_rows(text, label)
@@ -71,6 +73,8 @@ def parse_burstgpt(text: str, label: str, *, model: str | None = None) -> list[T
             continue
         t = clock.read(table.field(row, "timestamp"), line, table.said("timestamp"))
         records.append(TraceRecord(t, table.count(row, "request tokens", line), output))
+        if lines is not None:
+            lines.append(line)
     if model is not None and not records and not failed:
         shown = ", ".join(f"{excerpt(m)[1:-1]} ({n:,} rows)"
                           for m, n in models.most_common(_SHOWN_MODELS))
@@ -102,7 +106,7 @@ def _lower(column: str) -> str:
     return column.strip().lower()
 
 
-def parse_mooncake(text: str, label: str) -> list[TraceRecord]:
+def parse_mooncake(text: str, label: str, lines: Lines | None = None) -> list[TraceRecord]:
     records: list[TraceRecord] = []
     blocks_in_all = 0
     for line, obj in json_objects(text, label):
@@ -123,6 +127,8 @@ def parse_mooncake(text: str, label: str) -> list[TraceRecord]:
                              "(each held in memory for the replay): cut the trace to the span "
                              "you replay, e.g. with head -n")
         records.append(TraceRecord(t, prompt, output, prefix_blocks=blocks))
+        if lines is not None:
+            lines.append(line)
     if records:
         # Milliseconds cannot be told from seconds by their values: the span says which.
         span = max(r.arrival_time for r in records) - min(r.arrival_time for r in records)

@@ -75,9 +75,13 @@ class TraceSpec:
     vocab_size: int = DEFAULT_VOCAB_SIZE
 
     def records(self) -> list[TraceRecord]:
-        """The windowed, time-scaled records this spec replays."""
-        picked = window(read_cached(self.trace, self.fmt, self.model), start_s=self.start_s,
-                        end_s=self.end_s, max_requests=self.max_requests)
+        """The windowed, time-scaled records this spec replays; refused where they span
+        a gap that sets a stray time apart from the rest (``trace_span.py``)."""
+        trace = read_cached(self.trace, self.fmt, self.model)
+        picked = window(trace.records, start_s=self.start_s, end_s=self.end_s,
+                        max_requests=self.max_requests)
+        if trace.stray is not None:
+            trace.stray.refuse(picked)
         return rescale(picked, time_scale=self.time_scale, target_rate=self.target_rate)
 
     def build(self, *, seed: int, duration_s: float,

@@ -155,6 +155,6 @@ def test_a_trace_rewritten_in_place_is_read_again(tmp_path: Path) -> None:
 
     path = tmp_path / "t.csv"
     path.write_text("arrival_time,prompt_tokens,output_tokens\n0,10,5\n1,20,5\n")
-    assert [r.prompt_tokens for r in read_cached(str(path), None)] == [10, 20]
+    assert [r.prompt_tokens for r in read_cached(str(path), None).records] == [10, 20]
     path.write_text("arrival_time,prompt_tokens,output_tokens\n0,30,5\n1,40,5\n2,50,5\n")
-    assert [r.prompt_tokens for r in read_cached(str(path), None)] == [30, 40, 50]
+    assert [r.prompt_tokens for r in read_cached(str(path), None).records] == [30, 40, 50]

@@ -1,0 +1,119 @@
+"""A stray time in a trace (a missing value logged as 0 among epoch seconds) is refused
+with its line and the window that leaves it out, not replayed as decades of nothing;
+quiet nights and multi-day traces still load."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from slopilot.engine.sim.scenario import ScenarioError, load_scenario
+from slopilot.engine.sim.trace import TraceError, load_trace, read_trace
+from slopilot.engine.sim.trace_scenario import TraceOptions, with_trace
+from slopilot.engine.sim.workload_spec import TraceSpec
+
+EPOCH = 1_700_000_000.0
+
+
+def _epoch_rows(n: int = 100, gap: float = 0.5) -> list[str]:
+    return [f"{EPOCH + i * gap:.3f},200,50" for i in range(n)]
+
+
+def _csv(tmp_path: Path, rows: list[str], name: str = "t.csv") -> Path:
+    path = tmp_path / name
+    path.write_text("arrival_time,prompt_tokens,output_tokens\n" + "\n".join(rows) + "\n")
+    return path
+
+
+def _spec(path: Path, **kw: object) -> TraceSpec:
+    return TraceSpec(trace=str(path), **kw)  # type: ignore[arg-type]
+
+
+def test_a_zero_among_epoch_seconds_is_refused_naming_its_line_and_the_window(
+        tmp_path: Path) -> None:
+    rows = _epoch_rows()
+    rows.insert(40, "0,200,50")  # line 42: the header, then 40 rows before it
+    path = _csv(tmp_path, rows)
+    with pytest.raises(TraceError) as e:
+        _spec(path).records()
+    said = str(e.value)
+    assert f"{path}:42:" in said
+    assert "1,700,000,000 s" in said and "years" in said  # the gap, in words too
+    assert "49.5 s" in said  # what the other arrivals span
+    assert "Drop the row" in said and "--trace-window 1700000000:" in said
+
+
+def test_the_window_it_names_replays_the_rest(tmp_path: Path) -> None:
+    rows = ["0,200,50", *_epoch_rows()]
+    path = _csv(tmp_path, rows)
+    picked = _spec(path, start_s=EPOCH).records()
+    assert len(picked) == 100 and picked[0].arrival_time == 0.0
+    assert picked[-1].arrival_time == pytest.approx(49.5)
+
+
+def test_a_stray_time_after_the_rest_is_refused_too(tmp_path: Path) -> None:
+    rows = [f"{i * 0.5:g},200,50" for i in range(100)] + ["90000000000,200,50"]
+    path = _csv(tmp_path, rows)
+    with pytest.raises(TraceError, match=rf"{path.name}:102: .* after the arrival before"
+                                         r".*--trace-window 0:50\b"):
+        _spec(path).records()
+
+
+def test_with_trace_refuses_it_as_the_cli_says_it(tmp_path: Path) -> None:
+    path = _csv(tmp_path, ["0,200,50", *_epoch_rows()])
+    with pytest.raises(ScenarioError, match=r"--trace: .*t\.csv:2: .*--trace-window"):
+        with_trace(load_scenario("azure-conv-2023"), TraceOptions(path=str(path)))
+
+
+def test_several_stray_rows_are_named_together(tmp_path: Path) -> None:
+    rows = ["0,200,50", "1,200,50", "2,200,50", *_epoch_rows()]
+    path = _csv(tmp_path, rows)
+    with pytest.raises(TraceError, match=r"t\.csv:2: lines 2, 3, 4 \(3 arrivals"):
+        _spec(path).records()
+
+
+def test_a_jsonl_session_trace_names_the_line_as_written(tmp_path: Path) -> None:
+    # Sessions are put in arrival order while read; the line is still the file's.
+    rows = [{"arrival_time": EPOCH + i, "prompt_tokens": 10 + i, "output_tokens": 5,
+             "session_id": i % 3} for i in range(30)]
+    rows.insert(7, {"arrival_time": 0, "prompt_tokens": 10, "output_tokens": 5,
+                    "session_id": 1})
+    path = tmp_path / "s.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    with pytest.raises(TraceError, match=r"s\.jsonl:8: "):
+        _spec(path).records()
+
+
+def test_mooncake_names_its_line(tmp_path: Path) -> None:
+    rows = [{"timestamp": i * 1000, "input_length": 600, "output_length": 5,
+             "hash_ids": [i, i + 1]} for i in range(20)]
+    rows.append({"timestamp": 4e13, "input_length": 600, "output_length": 5})
+    path = tmp_path / "m.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    with pytest.raises(TraceError, match=r"m\.jsonl:21: "):
+        _spec(path).records()
+
+
+def test_the_lengths_of_such_a_trace_are_still_read(tmp_path: Path) -> None:
+    # Its lengths (an empirical distribution, read_trace) do not depend on its times.
+    path = _csv(tmp_path, ["0,200,50", *_epoch_rows()])
+    assert len(read_trace(path)) == 101
+    assert load_trace(path).stray is not None
+
+
+def test_quiet_nights_and_a_multi_day_trace_load(tmp_path: Path) -> None:
+    # BurstGPT-like: 5 days, 8 busy hours a day, 16 quiet ones between.
+    rows = [f"{day * 86400 + 9 * 3600 + k * 60:.0f},200,50"
+            for day in range(5) for k in range(8 * 60)]
+    assert len(_spec(_csv(tmp_path, rows, "days.csv")).records()) == 5 * 480
+    # Two captures three weeks apart, each a day long: a long pause, not a stray row.
+    rows = [f"{k * 600:.0f},200,50" for k in range(145)] + [
+        f"{21 * 86400 + k * 600:.0f},200,50" for k in range(145)]
+    assert len(_spec(_csv(tmp_path, rows, "weeks.csv")).records()) == 290
+
+
+def test_the_shipped_trace_has_no_stray_time() -> None:
+    trace = load_trace("azure-llm-2023-conv")
+    assert trace.stray is None
