@@ -47,19 +47,50 @@ class Sliding:
         window fits, and one more ending at ``end_s`` so that the last arrivals are in a
         window of full length; one window (the span) where it is shorter than one; and
         each of ``at`` within the span (a window from it ends early at ``end_s``)."""
-        out = [] if self.hop_s is None else self._grid(start_s, end_s, self.hop_s)
-        out += [s for s in self.at if start_s <= s < end_s]
+        grid = self.grid(start_s, end_s)
+        out = [] if grid is None else [grid.start(k) for k in range(grid.count)]
+        out += self.off_grid(start_s, end_s)
         return sorted(set(out))
 
-    def _grid(self, start_s: float, end_s: float, hop_s: float) -> list[float]:
+    def grid(self, start_s: float, end_s: float) -> Grid | None:
+        """The grid of ``starts`` (None without ``hop_s``), as a rule, not a list: over a
+        long span it is millions of starts, and only those near a request are wanted."""
+        if self.hop_s is None:
+            return None
         last = end_s - self.length_s
         if last <= start_s:
-            return [start_s]
-        n = math.floor((last - start_s) / hop_s + 1e-9)
-        out = [start_s + k * hop_s for k in range(n + 1)]
-        if last - out[-1] > 1e-9:
+            return Grid(start_s, self.hop_s, 1)
+        n = math.floor((last - start_s) / self.hop_s + 1e-9)
+        return Grid(start_s, self.hop_s, n + 1)
+
+    def off_grid(self, start_s: float, end_s: float) -> list[float]:
+        """The starts of ``starts`` the grid's rule does not give: the window ending at
+        ``end_s`` where the grid stops short of it, and each of ``at`` within the span."""
+        out = [s for s in self.at if start_s <= s < end_s]
+        grid = self.grid(start_s, end_s)
+        last = end_s - self.length_s
+        if grid is not None and last > start_s and last - grid.start(grid.count - 1) > 1e-9:
             out.append(last)
-        return out
+        return sorted(set(out))
+
+
+@dataclass(frozen=True, slots=True)
+class Grid:
+    """Starts ``origin + k * hop`` for ``k`` in ``[0, count)``."""
+
+    origin: float
+    hop: float
+    count: int
+
+    def start(self, k: int) -> float:
+        return self.origin + k * self.hop
+
+    def between(self, lo: float, hi: float) -> list[float]:
+        """Its starts in ``[lo, hi]``, computed as ``start`` computes them (the same
+        floats the list of them held)."""
+        first = max(0, math.floor((lo - self.origin) / self.hop) - 1)
+        last = min(self.count - 1, math.floor((hi - self.origin) / self.hop) + 1)
+        return [s for s in map(self.start, range(first, last + 1)) if lo <= s <= hi]
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,23 +118,52 @@ class SlidingStats(SimStats):
                  start_time: float = 0.0, horizon: float | None = None) -> None:
         super().__init__(slo, end_time, start_time=start_time, horizon=horizon)
         self.sliding = sliding
-        starts = sliding.starts(start_time, end_time)
-        self.parts = [SimStats(slo, min(s + sliding.length_s, end_time), start_time=s,
-                               horizon=self.horizon) for s in starts]
-        self._starts = starts
+        # A window's SimStats (~2.4 KB) is made when an arrival or a step first falls in
+        # it, not for every start up front: a trace's span, quiet time included, made
+        # one per hop (a stray time's 54 years, millions), where its requests make a
+        # few per request at most. A window nothing falls in reads nothing and is not
+        # listed.
+        self._grid = sliding.grid(start_time, end_time)
+        self._off_grid = sliding.off_grid(start_time, end_time)
+        self._parts: dict[float, SimStats] = {}
         self._of: dict[str, list[SimStats]] = {}
         self.first_tokens: list[FirstToken] = []
         """Every measured request's first token, for a sweep over every window start
         (``window_sweep.py``): one record a request, not a window's count a start."""
 
+    @property
+    def made(self) -> int:
+        """How many windows an arrival or a step has fallen in (each one's SimStats)."""
+        return len(self._parts)
+
+    @property
+    def parts(self) -> list[SimStats]:
+        """The windows made, by start."""
+        return [self._parts[s] for s in sorted(self._parts)]
+
+    def _starts_near(self, t: float) -> list[float]:
+        # Called per step and per arrival: only the windows that can hold t, from the
+        # grid's rule and the few starts off it.
+        lo, hi = t - self.sliding.length_s - 1e-9, t
+        starts = [] if self._grid is None else self._grid.between(lo, hi)
+        at = self._off_grid
+        starts += at[bisect_left(at, lo):bisect_right(at, hi)]
+        return sorted(set(starts))
+
     def _near(self, t: float) -> list[SimStats]:
-        # Called per step and per arrival: only the windows that can hold t, by their
-        # sorted starts (hundreds over an hour's trace).
-        lo = bisect_left(self._starts, t - self.sliding.length_s - 1e-9)
-        return self.parts[lo:bisect_right(self._starts, t)]
+        return [self._part(s) for s in self._starts_near(t)]
 
     def _holding(self, t: float) -> list[SimStats]:
-        return [p for p in self._near(t) if p.start_time <= t < p.end_time]
+        return [self._part(s) for s in self._starts_near(t)
+                if s <= t < min(s + self.sliding.length_s, self.end_time)]
+
+    def _part(self, start: float) -> SimStats:
+        part = self._parts.get(start)
+        if part is None:
+            part = self._parts[start] = SimStats(
+                self.slo, min(start + self.sliding.length_s, self.end_time),
+                start_time=start, horizon=self.horizon)
+        return part
 
     def on_arrival(self, req: Request) -> None:
         super().on_arrival(req)
