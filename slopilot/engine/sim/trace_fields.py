@@ -134,12 +134,17 @@ def trace_time(value: object, label: str, line: int, name: str, *,
                      f"(>= 0){dates}")
 
 
+_BEYOND = 1e12
+"""Past any bound on a count: a whole float above it is not made an int to compare."""
+
+
 def token_count(value: object, label: str, line: int, name: str, *, lo: int) -> int:
     number: int | None = None
+    fraction: float | None = None  # a number given with a fractional part
     if isinstance(value, int) and not isinstance(value, bool):
         number = value
-    elif isinstance(value, float) and value.is_integer():
-        number = int(value)
+    elif isinstance(value, float) and math.isfinite(value):
+        number, fraction = _whole(value)
     elif isinstance(value, str):
         text = value.strip()
         # ASCII digits only: str.isdigit() also takes "²" and other digits int() refuses;
@@ -150,6 +155,15 @@ def token_count(value: object, label: str, line: int, name: str, *, lo: int) -> 
             # (Python refuses int() of a digit string past 4,300 digits).
             magnitude = int(digits) if len(digits) <= 12 else MAX_TOKENS + 1
             number = -magnitude if text.startswith("-") else magnitude
+        elif _PLAIN_NUMBER.fullmatch(text) and math.isfinite(float(text)):
+            # "374.0", as pandas writes a length once its column held a NaN, or "2e2": a
+            # whole number, as the same value in a JSONL row is.
+            number, fraction = _whole(float(text))
+    if fraction is not None and fraction >= lo:  # below it, the bound is what to say
+        down = math.floor(fraction)
+        raise TraceError(f"{label}:{line}: {name}={excerpt(value)} is not a whole number of "
+                         f"tokens; a length counts tokens: round it ({down:,} or "
+                         f"{down + 1:,})")
     if number is None or number < lo:
         # An output of 0 cannot be replayed: the engine generates the prefill's token,
         # and replaying it as 1 would count a token the trace never had.
@@ -162,3 +176,13 @@ def token_count(value: object, label: str, line: int, name: str, *, lo: int) -> 
                          "tokens, longer than any model's context; check that the column "
                          "holds a length in tokens")
     return number
+
+
+def _whole(value: float) -> tuple[int | None, float | None]:
+    """A finite float as a count: ``(the int, None)`` where it is whole, ``(None, it)``
+    where it has a fractional part."""
+    if not value.is_integer():
+        return None, value
+    if abs(value) > _BEYOND:
+        return (MAX_TOKENS + 1 if value > 0 else -(MAX_TOKENS + 1)), None
+    return int(value), None
