@@ -37,9 +37,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_DASHED_VALUES = ("--trace-window",)
+"""Flags whose value may start with a dash (``-5:10``): argparse reads such a word as an
+option and said only "expected one argument"; joined as ``--trace-window=-5:10``, the
+flag's own check says what is wrong with it."""
+
+
+def _join_dashed_values(argv: list[str]) -> list[str]:
+    out: list[str] = []
+    words = iter(argv)
+    for word in words:
+        if word in _DASHED_VALUES:
+            value = next(words, None)
+            if value is not None and value.startswith("-") and ":" in value:
+                out.append(f"{word}={value}")
+                continue
+            out.append(word)
+            if value is not None:
+                out.append(value)
+            continue
+        out.append(word)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_join_dashed_values(sys.argv[1:] if argv is None else argv))
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

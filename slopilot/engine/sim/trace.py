@@ -69,6 +69,10 @@ from slopilot.engine.sim.workload import (
 MAX_TRACE_BYTES = 1 << 30
 MAX_TRACE_ROWS = 5_000_000
 
+MAX_TARGET_RATE = 1e6
+"""Requests per second: thousands of times what a replica serves. Past it a target rate
+replays the whole trace in an instant (1e300 was taken: every arrival at 0)."""
+
 # Traces shipped in slopilot/data/traces (see the README there for sources and licences).
 BUILTIN_TRACES = {"azure-llm-2023-conv": "azure-llm-2023-conv.csv"}
 _TOKENS, _PRIORITY, _SESSION_TOKENS, _BLOCK_TOKENS = 21, 22, 23, 24
@@ -179,7 +183,9 @@ def _format_of(name: str, text: str) -> str:
     if suffix == "csv" or (suffix not in ("jsonl", "ndjson", "json")
                            and head.lstrip()[:1] != "{"):
         try:
-            header = next(numbered_rows(head.partition("\n")[0], name), (1, None))[1]
+            # Two lines: Excel's "sep=," may come first, and numbered_rows skips it.
+            lines = "\n".join(head.split("\n", 2)[:2])
+            header = next(numbered_rows(lines, name), (1, None))[1]
         except TraceError:  # said by the CSV parser, with its line
             return "csv"
         return "burstgpt" if is_burstgpt_header(header) else "csv"
@@ -284,6 +290,10 @@ def rescale(records: list[TraceRecord], *, time_scale: float | None = None,
     if target_rate is not None:
         if not (math.isfinite(target_rate) and target_rate > 0):
             raise TraceError(f"target_rate={target_rate}: must be a positive req/s")
+        if target_rate > MAX_TARGET_RATE:
+            raise TraceError(f"target_rate={target_rate:g}: above {MAX_TARGET_RATE:,.0f} "
+                             "req/s, past any deployment (the whole trace in an instant); "
+                             "give requests per second, e.g. 5")
         time_scale = mean_rate(records) / target_rate
     if time_scale is None:
         return list(records)

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import re
+import shlex
 from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -147,6 +149,8 @@ class CsvTable:
         for line, row in self.numbered:
             if not row or not "".join(row).strip():
                 continue
+            if ",".join(f.strip() for f in row) == self.shown:
+                refuse_repeated_header(self.label, line)
             if len(row) <= max(self.column.values()):
                 raise TraceError(f"{self.label}:{line}: expected {self.width} columns "
                                  f"({excerpt(self.shown)}), got {len(row)}: {excerpt(row)}")
@@ -165,6 +169,13 @@ class CsvTable:
     def count(self, row: list[str], name: str, line: int, *, lo: int = 1) -> int:
         """The column's token count, its errors naming the column as the header does."""
         return token_count(self.field(row, name), self.label, line, self.said(name), lo=lo)
+
+
+def refuse_repeated_header(label: str, line: int) -> None:
+    # Two files joined with cat: read as a row, its names were "not a time".
+    raise TraceError(f"{label}:{line}: the header row repeats here (files joined with cat?); "
+                     "a trace has one header: delete this line (join files with "
+                     "tail -n +2 b.csv >> a.csv, which leaves the second header out)")
 
 
 def is_burstgpt_header(header: list[str] | None) -> bool:
@@ -236,6 +247,13 @@ def numbered_rows(text: str, label: str) -> Iterator[tuple[int, list[str]]]:
             raise TraceError(f"{label}:{reader.line_num}: {e}; a trace's fields are times, "
                              "token counts and classes: check that this is a CSV trace") \
                 from None
+        if start == 1 and (sep := excel_separator(row)) is not None:
+            if sep == ",":
+                continue  # Excel's hint of the separator it wrote; the header follows
+            raise TraceError(
+                f"{label}:1: Excel's line sep={sep} says the fields are separated by "
+                f"{sep!r}; a CSV trace's fields are separated by commas: save it with "
+                "commas (Excel: CSV UTF-8)")
         if reader.line_num > start:
             last_line = _last_line(text) if last_line is None else last_line
             if _open_quote_to_the_end(text, reader.line_num, last_line):
@@ -246,6 +264,15 @@ def numbered_rows(text: str, label: str) -> Iterator[tuple[int, list[str]]]:
                     f'{label}:{start}: a quote (") opened on this line is never closed, '
                     "so the rest of the file reads as one field; close it or remove it")
         yield reader.line_num, row
+
+
+def excel_separator(row: list[str]) -> str | None:
+    """The separator an Excel first line ``sep=;`` names (read as a CSV row: ``sep=,``
+    is ``['sep=', '']``), or None for any other row."""
+    joined = ",".join(row).strip()
+    if len(joined) == 5 and joined[:4].lower() == "sep=":
+        return joined[4]
+    return None
 
 
 def _last_line(text: str) -> int:
@@ -288,6 +315,8 @@ def parse_azure(text: str, label: str, lines: Lines | None = None) -> list[Trace
         if len(row) < 3:
             raise TraceError(f"{label}:{line}: expected 3 columns "
                              f"({','.join(_AZURE_COLUMNS)}), got {len(row)}: {excerpt(row)}")
+        if tuple(h.strip() for h in row[:3]) == _AZURE_COLUMNS:
+            refuse_repeated_header(label, line)
         refuse_wide(row, len(header), label, line)
         t = clock.read(row[0], line, "TIMESTAMP")
         prompt = token_count(row[1], label, line, "ContextTokens", lo=1)
@@ -319,8 +348,18 @@ def json_objects(text: str, label: str) -> Iterator[tuple[int, dict[str, Any]]]:
                    "nested too deep" if isinstance(e, RecursionError) else "a number too long")
             raise TraceError(f"{label}:{line}: not valid JSON ({why}): {raw[:80]!r}") from None
         if not isinstance(obj, dict):
-            raise TraceError(f"{label}:{line}: expected a JSON object, got {raw[:80]!r}")
+            raise TraceError(f"{label}:{line}: expected a JSON object, got {raw[:80]!r}"
+                             + (_json_lines_hint(label) if isinstance(obj, list) else ""))
         yield line, obj
+
+
+def _json_lines_hint(label: str) -> str:
+    # A .json file usually holds one array of the rows; a trace is read as JSON Lines.
+    out = label[:-len(".json")] if label.lower().endswith(".json") else label
+    out = shlex.quote(f"./{out}" if out.startswith("-") else out) + ".jsonl"
+    src = shlex.quote(f"./{label}" if label.startswith("-") else label)
+    return (f"; a JSON trace is read as JSON Lines, one object per line, not an array of "
+            f"them: write it so with jq -c '.[]' {src} > {out} and give that file")
 
 
 def _lines(text: str) -> Iterator[str]:
@@ -374,8 +413,9 @@ def parse_jsonl(text: str, label: str, lines: Lines | None = None) -> list[Trace
                 raise TraceError(f"{label}:{line}: {field}{e}") from None
         session = None
         if obj.get("session_id") is not None:
-            # Any JSON scalar names a session; number them in order of first appearance.
-            session = sessions.setdefault(_hashable(obj["session_id"]), len(sessions))
+            # A string or a number names a session; numbered in order of first appearance.
+            session = sessions.setdefault(_session_key(obj["session_id"], label, line),
+                                          len(sessions))
         records.append(TraceRecord(t, prompt, output, priority, session))
         if lines is not None:
             lines.append(line)
@@ -411,5 +451,14 @@ def _conversations(records: list[TraceRecord], next_id: int) -> list[TraceRecord
     return records
 
 
-def _hashable(value: object) -> object:
-    return json.dumps(value, sort_keys=True) if isinstance(value, (list, dict)) else value
+def _session_key(value: object, label: str, line: int) -> object:
+    """A session id as a key: a string, or a number, equal numbers one session (1 and
+    1.0: JSON has one kind of number, and pandas writes an id column as 1.0 once it held
+    a NaN); "1" is another. true (equal to 1 as a key), an object, an array or NaN (no
+    two equal) names none, and is refused rather than merged with another's turns."""
+    if isinstance(value, str) or (isinstance(value, (int, float))
+                                  and not isinstance(value, bool) and math.isfinite(value)):
+        return value
+    raise TraceError(f"{label}:{line}: session_id={excerpt(value)} names no session; a "
+                     "session id is a string or a number (the same for every turn of a "
+                     "conversation): give one, or leave the key out")

@@ -21,7 +21,7 @@ from pathlib import Path
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.scenario import Scenario, ScenarioError
 from slopilot.engine.sim.simulator import Measure
-from slopilot.engine.sim.trace import BUILTIN_TRACES, TraceError
+from slopilot.engine.sim.trace import BUILTIN_TRACES, MAX_TARGET_RATE, TraceError
 from slopilot.engine.sim.trace_formats import FORMATS, TRACE_DEPLOYMENT
 from slopilot.engine.sim.workload import ClassMix
 from slopilot.engine.sim.workload_spec import TraceSpec
@@ -52,13 +52,19 @@ class TraceOptions:
         for name in ("start_s", "end_s"):
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value >= 0):
-                raise ScenarioError(f"{_flag(name)} {value:g}: expected a number >= 0")
+                raise ScenarioError(f"{_flag(name)} {value:g}: trace seconds count from the "
+                                    "first request, so 0 is its start; give a number >= 0, "
+                                    "e.g. 0:10")
         # One range, said the same for 0 and below: "-1: expected a number >= 0" told a
         # user to try 0, which was then refused as not positive.
         for name in ("time_scale", "target_rate"):
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value > 0):
                 raise ScenarioError(f"{_flag(name)} {value:g}: expected a number > 0")
+        if self.target_rate is not None and self.target_rate > MAX_TARGET_RATE:
+            raise ScenarioError(f"--target-rate {self.target_rate:g}: above "
+                                f"{MAX_TARGET_RATE:,.0f} req/s, past any deployment (the "
+                                "whole trace in an instant); give requests per second, e.g. 5")
         if self.time_scale is not None and self.target_rate is not None:
             raise ScenarioError("--time-scale and --target-rate both given; give one (the "
                                 "target rate picks the time scale)")

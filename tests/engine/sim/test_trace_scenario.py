@@ -69,7 +69,10 @@ def test_a_missing_trace_file_is_named(tmp_path: Path) -> None:
     (lambda: TraceOptions(time_scale=-1.0), "--time-scale -1: expected a number > 0"),
     (lambda: TraceOptions(time_scale=0.0), "--time-scale 0: expected a number > 0"),
     (lambda: TraceOptions(target_rate=-2.0), "--target-rate -2: expected a number > 0"),
-    (lambda: TraceOptions(start_s=-1.0), "--trace-window start -1: expected a number >= 0"),
+    (lambda: TraceOptions(start_s=-1.0), "--trace-window start -1: trace seconds count from "
+     "the first request, so 0 is its start; give a number >= 0, e.g. 0:10"),
+    (lambda: TraceOptions(target_rate=2e6), "--target-rate 2e+06: above 1,000,000 req/s, "
+     "past any deployment (the whole trace in an instant); give requests per second, e.g. 5"),
 ])
 def test_a_scale_or_rate_out_of_range_says_the_range_it_accepts(options: object,
                                                                  words: str) -> None:
