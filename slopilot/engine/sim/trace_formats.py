@@ -424,7 +424,8 @@ def parse_jsonl(text: str, label: str, lines: Lines | None = None) -> list[Trace
     if lines is not None:
         # The records are put in arrival order (stably, as below): their lines too.
         arrivals = np.fromiter((r.arrival_time for r in records), np.float64, len(records))
-        lines[:] = array(lines.typecode, np.asarray(lines)[np.argsort(arrivals, kind="stable")])
+        order = np.argsort(arrivals, kind="stable")
+        lines[:] = array(lines.typecode, np.asarray(lines)[order].tobytes())
     return _conversations(records, len(sessions))
 
 
