@@ -161,9 +161,8 @@ def load_trace(name_or_path: str | Path, *, fmt: str | None = None,
         raise TraceError(f"{label}: the trace has no requests")
     del text
     assert len(lines) == len(records), "a parser appends each record's line"
-    times = np.fromiter((r.arrival_time for r in records), np.float64, len(records))
-    stray = stray_gap(times, lines, label)
-    del times, lines
+    stray = stray_gap(records, lines, label)
+    del lines
     records.sort(key=lambda r: r.arrival_time)  # stable: rows at one time keep their order
     t0 = records[0].arrival_time
     # In place, each parsed record freed as its replacement is made: two lists of them

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from slopilot.engine.sim.scenario import ScenarioError, load_scenario
-from slopilot.engine.sim.trace import TraceError, load_trace, read_trace
+from slopilot.engine.sim.trace import TraceError, TraceRecord, load_trace, read_trace
 from slopilot.engine.sim.trace_scenario import TraceOptions, with_trace
+from slopilot.engine.sim.trace_span import stray_gap
 from slopilot.engine.sim.workload_spec import TraceSpec
 
 EPOCH = 1_700_000_000.0
@@ -117,3 +118,15 @@ def test_quiet_nights_and_a_multi_day_trace_load(tmp_path: Path) -> None:
 def test_the_shipped_trace_has_no_stray_time() -> None:
     trace = load_trace("azure-llm-2023-conv")
     assert trace.stray is None
+
+
+@pytest.mark.parametrize("at", [1, 65_535, 65_536, 65_537, 69_999])
+def test_the_gap_is_found_wherever_it_lies_in_a_long_trace(at: int) -> None:
+    # Gaps are taken a slice of 65,536 at a time: one before, at, across or past an edge.
+    records = [TraceRecord(i + (1e9 if i >= at else 0.0), 5, 5) for i in range(70_000)]
+    found = stray_gap(records, list(range(2, 70_002)), "t.csv")
+    assert found is not None and found.after == at - 1
+    first = 2 if at <= 35_000 else at + 2  # the smaller side is the stray one
+    assert found.message.startswith(f"t.csv:{first}: ")
+    assert stray_gap([TraceRecord(EPOCH + i, 5, 5) for i in range(70_000)],
+                     list(range(2, 70_002)), "t.csv") is None
