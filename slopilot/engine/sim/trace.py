@@ -65,7 +65,8 @@ from slopilot.engine.sim.workload import (
 # compact CSV, 11.9 MB: 258 MB), so the size alone let 1 GiB of file be ~22 GB of memory;
 # 5M lines is ~1.3 GB (measured: 1.36 GB resident; ``tune`` reads it again in its
 # worker). At both limits, 5M rows of 200 bytes, the bytes and the text are held
-# together while decoded: 2.2 GB resident for a CSV, 3.0 GB for Mooncake's JSONL.
+# together while decoded: 2.2 GB resident for a CSV, 3.0 GB for Mooncake's JSONL. The
+# stray-gap check (trace_span.py) adds 12 bytes a row (1M rows: 243 -> 258 MB peak).
 MAX_TRACE_BYTES = 1 << 30
 MAX_TRACE_ROWS = 5_000_000
 
