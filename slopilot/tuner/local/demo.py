@@ -403,7 +403,7 @@ def _start_metrics(opts: DemoOptions, scenario: Scenario, twin: Scenario,
     rules = work / "rules.yaml"
     rules.write_text(render_rules_yaml(scenario.slo, NAME, options=RULES))
     prom = LocalPrometheus(work / "prometheus", dep.targets_file, [rules])
-    stack.callback(prom.stop)
+    stack.callback(prom.close)
     prom.start()
     say(f"Prometheus {prom.url} scraping every 1 s, rules: rate window "
         f"{RULES.rate_window_s} s, for {RULES.alert_for_s} s")

@@ -20,7 +20,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -35,6 +34,7 @@ from slopilot.engine.config import ConfigError, EngineConfig
 from slopilot.engine.executors.kernel_modes import KERNEL_CHOICES
 from slopilot.engine.slo import SLOSpec
 from slopilot.tuner.local.die_with_parent import die_with_parent
+from slopilot.tuner.local.held_port import HeldPort
 from slopilot.tuner.loop.ports import Replicas, Rollout, Settled
 from slopilot.tuner.prometheus.adapters import ROLE_LABEL
 from slopilot.tuner.prometheus.rules import DEPLOYMENT_LABEL
@@ -47,19 +47,17 @@ class DeploymentError(RuntimeError):
     """A replica did not start, or answered an admin call with an unexpected error."""
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @dataclass
 class Replica:
     index: int
-    port: int
+    held: HeldPort
+    """Its port, no other process's from before the replica binds it until it is reaped."""
     process: subprocess.Popen[bytes]
     log_path: Path
+
+    @property
+    def port(self) -> int:
+        return self.held.port
 
     @property
     def url(self) -> str:
@@ -150,15 +148,19 @@ class LocalDeployment:
         return cmd
 
     def _spawn(self) -> Replica:
-        index, port = self._next_index, _free_port()
+        index, held = self._next_index, HeldPort()
         self._next_index += 1
         log_path = self.workdir / f"replica-{index}.log"
         env = {**os.environ, ADMIN_TOKEN_ENV: self.token, "PYTHONUNBUFFERED": "1"}
-        with log_path.open("wb") as log:
-            process = subprocess.Popen(self._command(port), stdout=log,
-                                       stderr=subprocess.STDOUT, env=env,
-                                       preexec_fn=die_with_parent)
-        return Replica(index, port, process, log_path)
+        try:
+            with log_path.open("wb") as log:
+                process = subprocess.Popen(self._command(held.port), stdout=log,
+                                           stderr=subprocess.STDOUT, env=env,
+                                           preexec_fn=die_with_parent)
+        except BaseException:
+            held.release()
+            raise
+        return Replica(index, held, process, log_path)
 
     def _start_replicas(self, n: int) -> None:
         fresh = [self._spawn() for _ in range(n)]
@@ -207,6 +209,8 @@ class LocalDeployment:
                     r.process.wait(timeout=10)
             if r.process.poll() is None:
                 left.append(r)
+            else:
+                r.held.release()
         self._stopping = left
 
     def close(self) -> None:

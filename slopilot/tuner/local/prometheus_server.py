@@ -2,15 +2,15 @@
 
 For ``slopilot demo`` and the live-loop tests: the real binary (``prometheus`` on PATH or
 ``$SLOPILOT_PROMETHEUS_BIN``) on 127.0.0.1. ``stop()`` then ``start()`` brings it back on
-the same port and data directory, as a restarted Prometheus would be. On Linux it also
-ends when the process that started it dies (``die_with_parent.py``), a SIGKILL too.
+the same port and data directory, as a restarted Prometheus would be: the port is held
+(``held_port``) until ``close()``. On Linux it also ends when the process that started
+it dies (``die_with_parent.py``), a SIGKILL too.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Sequence
@@ -20,6 +20,7 @@ import httpx
 import yaml
 
 from slopilot.tuner.local.die_with_parent import die_with_parent
+from slopilot.tuner.local.held_port import HeldPort
 
 BIN_ENV = "SLOPILOT_PROMETHEUS_BIN"
 
@@ -33,13 +34,6 @@ def find_prometheus() -> Path | None:
     return Path(found) if found and Path(found).is_file() else None
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 class LocalPrometheus:
     def __init__(self, workdir: Path, targets_file: Path, rule_files: Sequence[Path] = (), *,
                  scrape_interval_s: int = 1, evaluation_interval_s: int = 1,
@@ -51,8 +45,6 @@ class LocalPrometheus:
         # Absolute: Prometheus runs in workdir and would read a relative path from there.
         self.binary, self.workdir = found, Path(workdir).resolve()
         self.ready_timeout_s = ready_timeout_s
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
         self.process: subprocess.Popen[bytes] | None = None
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.config = self.workdir / "prometheus.yml"
@@ -66,6 +58,11 @@ class LocalPrometheus:
                 "file_sd_configs": [{"files": [str(Path(targets_file).resolve())],
                                      "refresh_interval": "1s"}]}],
         }, sort_keys=False))
+        # Held from here to close(): before the first start and while stop()ped, no
+        # other process's socket takes the port start() promises to come back on.
+        self._held = HeldPort()
+        self.port = self._held.port
+        self.url = f"http://127.0.0.1:{self.port}"
 
     @property
     def log_path(self) -> Path:
@@ -108,8 +105,13 @@ class LocalPrometheus:
                 p.kill()
                 p.wait(timeout=10)
 
+    def close(self) -> None:
+        """Stop it for good: its port is let go."""
+        self.stop()
+        self._held.release()
+
     def __enter__(self) -> LocalPrometheus:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
-        self.stop()
+        self.close()
