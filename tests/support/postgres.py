@@ -15,14 +15,15 @@ import pwd
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from slopilot.tuner.local.held_port import HeldPort
 from tests.support.fixtures import missing
-from tests.support.local_server import free_port
 
 REQUIRE_ENV = "SLOPILOT_REQUIRE_POSTGRES"
 USER = "optuna"
@@ -63,22 +64,40 @@ def postgres() -> Iterator[PostgresServer]:
     if bin_dir is None:
         missing("no PostgreSQL server binaries (pg_ctl, initdb) and a user to run them "
                 "(install them: apt-get install -y postgresql)", REQUIRE_ENV)
+    with serve(bin_dir, prefix) as server:
+        yield server
+
+
+@contextmanager
+def serve(bin_dir: Path, prefix: list[str], *,
+          before_start: Callable[[int], object] = lambda port: None
+          ) -> Iterator[PostgresServer]:
+    """A server from ``bin_dir``'s tools run under ``prefix``, stopped at the end;
+    ``before_start(port)`` is called just before the server is told to bind ``port``."""
     home = Path(tempfile.mkdtemp(prefix="slopilot-pg-"))
     if prefix:
         shutil.chown(home, "postgres")
-    data, port = home / "data", free_port()
+    # Held until it is stopped, not found free and let go: PostgreSQL binds it with
+    # SO_REUSEADDR as a held port allows; another worker's server cannot take it first.
+    held = HeldPort()
+    data, port = home / "data", held.port
 
     def run(*cmd: str) -> None:
         subprocess.run([*prefix, *cmd], check=True, capture_output=True, timeout=120)
 
-    run(str(bin_dir / "initdb"), "-D", str(data), "-A", "trust", "-U", USER, "--no-sync")
-    # -w: pg_ctl returns once the server accepts connections (a condition, not a wait).
-    run(str(bin_dir / "pg_ctl"), "-D", str(data), "-w", "-l", str(home / "log"), "-o",
-        f"-p {port} -h 127.0.0.1 -k {home} -c fsync=off", "start")
     try:
-        yield PostgresServer(port)
+        run(str(bin_dir / "initdb"), "-D", str(data), "-A", "trust", "-U", USER,
+            "--no-sync")
+        before_start(port)
+        # -w: pg_ctl returns once the server accepts connections (a condition, not a wait).
+        run(str(bin_dir / "pg_ctl"), "-D", str(data), "-w", "-l", str(home / "log"), "-o",
+            f"-p {port} -h 127.0.0.1 -k {home} -c fsync=off", "start")
+        try:
+            yield PostgresServer(port)
+        finally:
+            run(str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop")
     finally:
-        run(str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop")
+        held.release()
         shutil.rmtree(home, ignore_errors=True)
 
 

@@ -1,0 +1,48 @@
+"""The study-storage tests' PostgreSQL binds the port it was given, whoever else starts.
+
+Each pytest worker starts one; its port was found free and let go before ``pg_ctl``
+started the server, and a server another worker started meanwhile could take it. The
+test takes the port in that gap on purpose, as that server would have.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+
+import psycopg
+
+from tests.support.fixtures import missing
+from tests.support.postgres import REQUIRE_ENV, _as_server_user, _bin_dir, serve
+
+
+def test_postgres_starts_on_its_port_though_another_server_wants_it() -> None:
+    bin_dir = _bin_dir()
+    try:
+        prefix = _as_server_user() if bin_dir else []
+    except KeyError:
+        bin_dir = None
+    if bin_dir is None:
+        missing("no PostgreSQL server binaries (pg_ctl, initdb) and a user to run them "
+                "(install them: apt-get install -y postgresql)", REQUIRE_ENV)
+    intruders: list[socket.socket] = []
+
+    def take(port: int) -> None:
+        sock = socket.socket()
+        try:
+            sock.bind(("127.0.0.1", port))  # as a bind to port 0 gets a port
+            sock.listen()
+        except OSError as exc:
+            sock.close()
+            assert exc.errno == errno.EADDRINUSE, exc
+            return
+        intruders.append(sock)
+
+    try:
+        with serve(bin_dir, prefix, before_start=take) as server, psycopg.connect(
+                server.url("postgres")) as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+    finally:
+        for sock in intruders:
+            sock.close()
+    assert intruders == []
