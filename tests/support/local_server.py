@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+from slopilot.tuner.local.held_port import HeldPort
 from tests.support.waits import WaitHung, wait_for
 
 
@@ -28,11 +29,14 @@ class LocalServer:
 
     LOG = "server.log"
 
-    def __init__(self, process: subprocess.Popen[bytes], port: int, workdir: Path) -> None:
+    def __init__(self, process: subprocess.Popen[bytes], port: int, workdir: Path,
+                 held: HeldPort | None = None) -> None:
         self.process = process
         self.port = port
         self.workdir = workdir
         self.url = f"http://127.0.0.1:{port}"
+        self.held = held
+        """Its port, kept from other sockets until ``stop()``."""
 
     @property
     def log(self) -> str:
@@ -54,6 +58,8 @@ class LocalServer:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(timeout=10)
+        if self.held is not None:
+            self.held.release()
 
 
 S = TypeVar("S", bound=LocalServer)
@@ -61,17 +67,22 @@ S = TypeVar("S", bound=LocalServer)
 
 def start_ready(kind: type[S], name: str, argv: Callable[[int], list[str]], workdir: Path,
                 *, attempts: int, port_race_only: bool = False) -> S:
-    """``argv(port)`` started in ``workdir`` on a free port, once ``/-/ready`` answers;
-    started again on another port where it exited (the port taken meanwhile: with
-    ``port_race_only``, only where its log says so, as a bad config fails on any port).
-    RuntimeError with its log where every try exited."""
+    """``argv(port)`` started in ``workdir`` on a port held for it (``HeldPort``: no
+    other worker's server takes it before the binary binds it, nor answers its
+    ``/-/ready``), once ``/-/ready`` answers; started again on another port where it
+    exited (with ``port_race_only``, only where its log says the port was taken, as a bad
+    config fails on any port). RuntimeError with its log where every try exited."""
     last_log = ""
     for _ in range(attempts):
-        port = free_port()
-        with (workdir / kind.LOG).open("wb") as log:
-            process = subprocess.Popen(argv(port), stdout=log, stderr=subprocess.STDOUT,
-                                       cwd=workdir)
-        server = kind(process, port, workdir)
+        held = HeldPort()
+        try:
+            with (workdir / kind.LOG).open("wb") as log:
+                process = subprocess.Popen(argv(held.port), stdout=log,
+                                           stderr=subprocess.STDOUT, cwd=workdir)
+        except BaseException:
+            held.release()
+            raise
+        server = kind(process, held.port, workdir, held)
 
         def settled(s: S = server) -> bool:
             return s.ready() or s.process.poll() is not None
@@ -80,12 +91,13 @@ def start_ready(kind: type[S], name: str, argv: Callable[[int], list[str]], work
             return f"its log:\n{s.log[-2000:]}"
 
         try:
-            wait_for(settled, f"{name} ready on port {port}", diagnose=its_log)
+            wait_for(settled, f"{name} ready on port {held.port}", diagnose=its_log)
         except WaitHung:
             server.stop()
             raise
         if server.process.poll() is None:
             return server
+        server.stop()  # exited: its port is let go
         last_log = server.log
         if port_race_only and "address already in use" not in last_log:
             break

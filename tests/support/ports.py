@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import socket
 import threading
 
@@ -22,3 +23,20 @@ def refused_port() -> int:
             _held = sock
         port: int = _held.getsockname()[1]
         return port
+
+
+def take_port(port: int) -> socket.socket | None:
+    """A socket listening on ``port``, as another process's server would be there, or
+    None where Linux refuses the port (``HeldPort``). Bound as a bind to port 0 binds (no
+    ``SO_REUSEADDR``): that is how another process gets a port it did not ask for by
+    number, which its ``free_port`` helper then hands on."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind(("127.0.0.1", port))
+        sock.listen()
+    except OSError as exc:
+        sock.close()
+        if exc.errno != errno.EADDRINUSE:
+            raise
+        return None
+    return sock

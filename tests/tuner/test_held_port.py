@@ -10,7 +10,6 @@ would have, and the child must start there all the same.
 
 from __future__ import annotations
 
-import errno
 import socket
 from pathlib import Path
 
@@ -20,27 +19,12 @@ from slopilot.tuner.local.deployment import LocalDeployment
 from slopilot.tuner.local.held_port import HeldPort
 from slopilot.tuner.local.prometheus_server import LocalPrometheus
 from tests.support.fixtures import prometheus_binaries  # noqa: F401 - a fixture
-
-
-def _take(port: int) -> socket.socket | None:
-    """A socket listening on ``port``, or None where Linux refuses the port (held).
-
-    Bound as a bind to port 0 is (no ``SO_REUSEADDR``): that is how another process
-    gets a port it did not ask for by number, which ``free_port`` helpers then hand on."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        sock.bind(("127.0.0.1", port))
-        sock.listen()
-    except OSError as exc:
-        sock.close()
-        assert exc.errno == errno.EADDRINUSE, exc
-        return None
-    return sock
+from tests.support.ports import take_port
 
 
 def test_a_held_port_is_refused_to_other_sockets_until_released() -> None:
     with HeldPort() as held:
-        assert held.held and _take(held.port) is None
+        assert held.held and take_port(held.port) is None
         # What the child does: SO_REUSEADDR, as bind_socket and Go's listeners set it.
         child = socket.socket()
         child.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -54,7 +38,7 @@ def test_a_held_port_is_refused_to_other_sockets_until_released() -> None:
         for o in others:
             o.release()
     assert not held.held
-    again = _take(held.port)  # released: anyone's again
+    again = take_port(held.port)  # released: anyone's again
     assert again is not None
     again.close()
 
@@ -68,7 +52,7 @@ def test_prometheus_starts_and_restarts_on_its_port_though_another_server_wants_
     prom = LocalPrometheus(tmp_path / "prometheus", targets)
     port = prom.port
     for _ in range(2):  # before its first start, then while it is down
-        intruder = _take(port)
+        intruder = take_port(port)
         try:
             prom.start()
         finally:
@@ -76,10 +60,8 @@ def test_prometheus_starts_and_restarts_on_its_port_though_another_server_wants_
                 intruder.close()
             prom.stop()
         assert intruder is None and prom.port == port
-    prom.close()
-    intruder = _take(port)  # closed for good: the port is let go
-    assert intruder is not None
-    intruder.close()
+    prom.close()  # for good: the port is let go
+    assert not prom._held.held
 
 
 class _Contested(LocalDeployment):
@@ -90,7 +72,7 @@ class _Contested(LocalDeployment):
         self.intruders: list[socket.socket | None] = []
 
     def _command(self, port: int) -> list[str]:
-        self.intruders.append(_take(port))
+        self.intruders.append(take_port(port))
         return super()._command(port)
 
 

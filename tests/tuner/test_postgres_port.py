@@ -7,12 +7,12 @@ test takes the port in that gap on purpose, as that server would have.
 
 from __future__ import annotations
 
-import errno
 import socket
 
 import psycopg
 
 from tests.support.fixtures import missing
+from tests.support.ports import take_port
 from tests.support.postgres import REQUIRE_ENV, _as_server_user, _bin_dir, serve
 
 
@@ -28,15 +28,8 @@ def test_postgres_starts_on_its_port_though_another_server_wants_it() -> None:
     intruders: list[socket.socket] = []
 
     def take(port: int) -> None:
-        sock = socket.socket()
-        try:
-            sock.bind(("127.0.0.1", port))  # as a bind to port 0 gets a port
-            sock.listen()
-        except OSError as exc:
-            sock.close()
-            assert exc.errno == errno.EADDRINUSE, exc
-            return
-        intruders.append(sock)
+        if (sock := take_port(port)) is not None:
+            intruders.append(sock)
 
     try:
         with serve(bin_dir, prefix, before_start=take) as server, psycopg.connect(
