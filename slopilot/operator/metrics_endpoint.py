@@ -33,7 +33,7 @@ from prometheus_client import make_asgi_app
 from prometheus_client.registry import Collector
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from slopilot.engine.http_deadlines import Deadlines, with_deadlines
+from slopilot.engine.http_deadlines import CallLater, Deadlines, with_deadlines
 from slopilot.operator.daemon import operator_metrics
 
 log = logging.getLogger(__name__)
@@ -118,9 +118,12 @@ def _unanswered(protocol: H11Protocol) -> bool:
 
 def serve_metrics(address: tuple[str, int], *, registry: Collector | None = None,
                   deadlines: Deadlines = METRICS_DEADLINES,
-                  max_connections: int = MAX_CONNECTIONS) -> MetricsServer:
+                  max_connections: int = MAX_CONNECTIONS,
+                  call_later: CallLater | None = None) -> MetricsServer:
     """Serve ``registry`` (the controllers' series) at ``address`` on a thread of its own
-    (module docstring). Bound and listening on return: OSError where the port is taken."""
+    (module docstring), the ``deadlines`` timed on ``call_later`` (the loop's unless
+    given: a test's own clock). Bound and listening on return: OSError where the port is
+    taken."""
     if max_connections < 1:
         raise ValueError(f"max_connections={max_connections!r}: expected at least 1 "
                          f"connection, e.g. {MAX_CONNECTIONS}")
@@ -137,7 +140,7 @@ def serve_metrics(address: tuple[str, int], *, registry: Collector | None = None
         raise
     app = make_asgi_app(operator_metrics("").registry if registry is None else registry)
     config = uvicorn.Config(
-        app, http=capped(with_deadlines(H11Protocol, deadlines), max_connections),
+        app, http=capped(with_deadlines(H11Protocol, deadlines, call_later), max_connections),
         loop="asyncio", ws="none", lifespan="off", interface="asgi3",
         # kopf's logging stays as it is; uvicorn says only what goes wrong, and no scrape.
         log_config=None, log_level="warning", access_log=False, backlog=128,
