@@ -19,15 +19,16 @@ import email.utils
 import json
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 import uvicorn
 
-from slopilot.engine.http_deadlines import Deadlines
+from slopilot.engine.http_deadlines import CallLater, Deadlines
 from slopilot.engine.meter.commands import uvicorn_config
 from slopilot.engine.meter.proxy import Meter
 from slopilot.engine.meter.slo_watch import SLOWatch
@@ -35,6 +36,7 @@ from slopilot.engine.request import Priority
 from slopilot.engine.slo import SLOSpec
 from slopilot.engine.verdicts import Verdicts
 from tests.engine.meter.test_meter import DONE, SLO, event
+from tests.support.fired_timers import FiredTimers
 from tests.support.read_counting import counting
 from tests.support.waits import HANG_GUARD_S, wait_for
 
@@ -81,7 +83,8 @@ class _Served:
 
 @contextlib.contextmanager
 def _serve(tmp_path: Path, deadlines: Deadlines | None = None,
-           max_connections: int | None = None) -> Iterator[_Served]:
+           max_connections: int | None = None,
+           call_later: CallLater | None = None) -> Iterator[_Served]:
     slo_file = tmp_path / "slo.json"
     slo_file.write_text(json.dumps(SLO))
     upstream, now = _Upstream(), [100.0]
@@ -90,7 +93,8 @@ def _serve(tmp_path: Path, deadlines: Deadlines | None = None,
                 client=httpx.AsyncClient(transport=httpx.MockTransport(upstream.handle)),
                 clock=lambda: now[0])
     config = uvicorn_config(app, host="127.0.0.1", port=0, log_level="warning",
-                            deadlines=deadlines, max_connections=max_connections)
+                            deadlines=deadlines, max_connections=max_connections,
+                            call_later=call_later)
     config.load()
     config.http_protocol_class = counting(config.http_protocol_class, read)
     server = uvicorn.Server(config)
@@ -205,18 +209,57 @@ def test_a_head_past_the_bound_is_a_431_and_the_connection_ends(
     assert served.upstream.requests == []
 
 
+def _on_loop(protocol: Any, fn: Callable[[], None]) -> None:
+    """``fn()`` on the loop that serves ``protocol``, where its timers are armed."""
+    async def run() -> None:
+        fn()
+    asyncio.run_coroutine_threadsafe(run(), protocol.loop).result(HANG_GUARD_S)
+
+
+# When the meter holds all that was sent (a deadline would otherwise run out on bytes
+# not yet read): the head's deadline is armed as the connection is made, and the app
+# waits for the rest of a body with the body's deadline armed.
+HOLDS: dict[str, Callable[[Any], bool]] = {
+    "nothing": lambda protocol: True,
+    "half a head": lambda protocol: True,
+    "a short body": lambda protocol: protocol._body_timer is not None,
+}
+
+
 @pytest.mark.parametrize(("sent", "answer"), [
     (b"", b""),  # nothing sent: nothing to answer
     (b"POST /v1/completions HTTP/1.1\r\nhost: x\r\n", b"HTTP/1.1 408 "),
     (_completion()[:-5], b""),  # a body that stops short: nothing forwarded, unanswered
-], ids=["nothing", "half a head", "a short body"])
-def test_a_stalled_client_is_let_go(tmp_path: Path, sent: bytes, answer: bytes) -> None:
-    # Held for ever before: uvicorn's keep-alive timer starts only after an answer.
-    # Short deadlines, so the test waits little; long enough for the request below.
-    with _serve(tmp_path, Deadlines(head_s=1.0, body_idle_s=1.0)) as meter:
+], ids=list(HOLDS))
+def test_a_stalled_client_is_let_go(tmp_path: Path, request: pytest.FixtureRequest,
+                                    sent: bytes, answer: bytes) -> None:
+    """Held for ever before: uvicorn's keep-alive timer starts only after an answer. The
+    deadlines run out once the meter holds all that was sent: on the wall clock (1 s) a
+    client whose send came late, its thread off a busy CPU, read the close of "nothing
+    sent" where half a head is refused 408."""
+    timers = FiredTimers()
+    case = request.node.callspec.id
+    with _serve(tmp_path, Deadlines(head_s=1.0, body_idle_s=1.0), call_later=timers) \
+            as meter:
         with socket.create_connection(("127.0.0.1", meter.port)) as sock:
             sock.settimeout(HANG_GUARD_S)
             sock.sendall(sent)
+            port = sock.getsockname()[1]
+
+            def holds() -> Any:
+                protocol = next((c for c in list(meter.server.server_state.connections)
+                                 if c.client is not None and c.client[1] == port), None)
+                return protocol if (protocol is not None and sum(meter.read) == len(sent)
+                                    and HOLDS[case](protocol)) else None
+
+            protocol = wait_for(holds, what=f"the meter to hold {case}")
+
+            def run_out() -> None:
+                for timer in timers.armed():
+                    if getattr(timer.callback, "__self__", None) is protocol:
+                        timer.fire()
+
+            _on_loop(protocol, run_out)
             got = b""
             while more := sock.recv(65536):
                 got += more
