@@ -18,6 +18,7 @@ import httpx
 from slopilot.engine.request import Priority
 from slopilot.engine.slo import SLOSpec
 from tests.support.live_server import build_backend, start_server
+from tests.support.stalled_client import EngineFreeze
 from tests.support.waits import HANG_GUARD_S, wait_for
 
 _RUNNING = {"prompt": "a b c", "max_tokens": 5000, "stream": True, "ignore_eos": True,
@@ -52,8 +53,16 @@ async def test_a_request_still_queued_when_the_drain_times_out_is_answered_503()
             body = asyncio.create_task(client.post(url, json=queued))
             await asyncio.to_thread(wait_for, lambda: srv.call(
                 lambda e: e.scheduler.num_waiting) == 2, what="both requests queued")
-            srv.begin_drain()
-            door = await client.post(url, json=queued)  # refused while draining
+            # The drain's 0.2 s end waits for the engine, held here until the door has
+            # answered: past it the server exits, and a door request a busy machine sent
+            # late found nothing listening.
+            freeze = EngineFreeze(srv)
+            await asyncio.to_thread(freeze.hold)
+            try:
+                srv.begin_drain()
+                door = await client.post(url, json=queued)  # refused while draining
+            finally:
+                freeze.thaw()
             answers = [await stream, await body]
             lines = await running
     finally:
