@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from slopilot.engine.request import Priority
 from slopilot.engine.slo import SLOSpec
 from tests.support.live_server import LiveServer, build_backend, start_server
+from tests.support.stalled_client import EngineFreeze
 from tests.support.waits import HANG_GUARD_S, wait_for
 
 SLO = SLOSpec.from_profile("standard")
@@ -382,11 +383,19 @@ def test_draining_is_503_and_running_requests_finish() -> None:
                                        extra_body={"ignore_eos": True})
     chunks = iter(stream)
     first = next(chunks)
-    srv.begin_drain()
-    health = httpx.get(srv.url + "/health")
-    assert health.status_code == 503 and health.json()["status"] == "draining"
-    err = _error(_post(srv, {"prompt": "late", "max_tokens": 1}), 503)
-    assert err["code"] == "draining"
+    # The running request held until the late ones are answered: it ends the drain, and
+    # the server exits, once its 40 tokens are out, which a busy machine's late requests
+    # came after (nothing listening).
+    freeze = EngineFreeze(srv)
+    freeze.hold()
+    try:
+        srv.begin_drain()
+        health = httpx.get(srv.url + "/health")
+        assert health.status_code == 503 and health.json()["status"] == "draining"
+        err = _error(_post(srv, {"prompt": "late", "max_tokens": 1}), 503)
+        assert err["code"] == "draining"
+    finally:
+        freeze.thaw()
     rest = list(chunks)
     text = first.choices[0].text + "".join(c.choices[0].text for c in rest)
     assert rest[-1].choices[0].finish_reason == "length"
