@@ -12,6 +12,7 @@ import random
 import signal
 import sys
 import threading
+import urllib.parse
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -71,7 +72,7 @@ def register(subparsers: Any) -> None:
                         "priorities kopf pauses them all. A run that must win (debugging) "
                         f"takes one above the range: --priority {PRIORITY_MAX + 1}. "
                         "Ignored with --standalone")
-    p.add_argument("--liveness", metavar="URL",
+    p.add_argument("--liveness", type=_liveness_url, metavar="URL",
                    help="serve a liveness probe, e.g. http://0.0.0.0:8080/healthz")
     p.add_argument("--metrics", type=_metrics_address, metavar="HOST:PORT",
                    help="serve the controllers' series (trials, actions, replicas, the "
@@ -90,6 +91,21 @@ def register(subparsers: Any) -> None:
                    help="uninstall: how long a running operator is given to end the "
                         "CRs (default 120; 0 when no operator runs)")
     p.set_defaults(func=run)
+
+
+def _liveness_url(text: str) -> str:
+    """argparse type: kopf serves ``http://HOST:0/...`` on port 80 (``port or 80``), not
+    on a free port as a listener's 0 means: another process's there stopped the operator
+    before it reconciled anything."""
+    try:
+        port = urllib.parse.urlsplit(text).port
+    except ValueError:
+        port = None
+    if port == 0:
+        raise argparse.ArgumentTypeError(
+            f"--liveness {text!r}: port 0 is served on port 80 by kopf, not on a free "
+            "port; give the port, e.g. --liveness http://0.0.0.0:8080/healthz")
+    return text
 
 
 def _metrics_address(text: str) -> tuple[str, int]:

@@ -10,12 +10,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import kubernetes.client
 import pytest
 import yaml
 
 from slopilot.operator.crd import crd_manifest
+from slopilot.tuner.local.held_port import HeldPort
 from tests.operator.operator_support import Cluster, llmd, wait_for
+from tests.support import waits
 from tests.support.kube_server import RunningEmulator
 from tests.support.waits import HANG_GUARD_S
 
@@ -29,15 +32,24 @@ def test_operator_command_reconciles_and_joins_the_slopilot_peering(
     env = {**os.environ, "KUBECONFIG": str(kube.kubeconfig), "PYTHONUNBUFFERED": "1"}
     env.pop("SLOPILOT_CONTROLLER_FACTORY", None)
     log = (tmp_path / "operator.log").open("w+")
+    # A port of its own: kopf serves port 0 on port 80, which two pytest workers' (or
+    # another process's) operators then raced for, the loser stopping before it
+    # reconciled anything. kopf's server binds it with SO_REUSEADDR, as a held port allows.
+    liveness = HeldPort()
     proc = subprocess.Popen(
         [sys.executable, "-m", "slopilot.cli", "operator", "--all-namespaces",
-         "--peering=slopilot", "--liveness=http://127.0.0.1:0/healthz"],
+         "--peering=slopilot", f"--liveness=http://127.0.0.1:{liveness.port}/healthz"],
         env=env, stdout=log, stderr=subprocess.STDOUT)
     cluster = Cluster(kube_client)
     try:
         cluster.create(llmd())
         wait_for(lambda: cluster.owned("apps/v1", "deployments", "chat"),
                  what="the Deployment from the operator process")
+        probe = waits.wait_for(lambda: httpx.get(f"http://127.0.0.1:{liveness.port}/healthz",
+                                           timeout=HANG_GUARD_S),
+                               what="the liveness probe served",
+                               tolerate=(httpx.ConnectError,))
+        assert probe.status_code == 200
         peering = wait_for(lambda: (cluster.custom.get_cluster_custom_object(
             "kopf.dev", "v1", "clusterkopfpeerings", "slopilot").get("status") or None),
             what="the operator to announce itself in the peering")
@@ -50,9 +62,22 @@ def test_operator_command_reconciles_and_joins_the_slopilot_peering(
     finally:
         proc.send_signal(signal.SIGINT)
         code = proc.wait(timeout=HANG_GUARD_S)
+        liveness.release()
         log.seek(0)
         output = log.read()
     assert code == 0, output
+
+
+def test_a_liveness_port_of_0_is_refused_naming_the_flag(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """kopf serves ``http://HOST:0/...`` on port 80 (``port or 80``), not a free port."""
+    from slopilot.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["operator", "--all-namespaces", "--liveness=http://127.0.0.1:0/healthz"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "--liveness 'http://127.0.0.1:0/healthz'" in err and "port 80" in err, err
 
 
 def test_operator_command_needs_a_scope(capsys: pytest.CaptureFixture[str]) -> None:
