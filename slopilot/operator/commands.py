@@ -73,7 +73,8 @@ def register(subparsers: Any) -> None:
                         f"takes one above the range: --priority {PRIORITY_MAX + 1}. "
                         "Ignored with --standalone")
     p.add_argument("--liveness", type=_liveness_url, metavar="URL",
-                   help="serve a liveness probe, e.g. http://0.0.0.0:8080/healthz")
+                   help="serve a liveness probe, e.g. http://0.0.0.0:8080/healthz (a "
+                        "port of its own: kopf serves port 0 on 80, so 0 is refused)")
     p.add_argument("--metrics", type=_metrics_address, metavar="HOST:PORT",
                    help="serve the controllers' series (trials, actions, replicas, the "
                         "twin's check) for Prometheus, e.g. --metrics 0.0.0.0:8081")
