@@ -5,6 +5,7 @@ quiet nights and multi-day traces still load."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -57,8 +58,8 @@ def test_the_window_it_names_replays_the_rest(tmp_path: Path) -> None:
 def test_a_stray_time_after_the_rest_is_refused_too(tmp_path: Path) -> None:
     rows = [f"{i * 0.5:g},200,50" for i in range(100)] + ["90000000000,200,50"]
     path = _csv(tmp_path, rows)
-    with pytest.raises(TraceError, match=rf"{path.name}:102: .* after the arrival before"
-                                         r".*--trace-window 0:50\b"):
+    with pytest.raises(TraceError, match=rf"{path.name}:102: this arrival .* or more from "
+                                         r"the other 100 arrivals.*--trace-window 0:50\b"):
         _spec(path).records()
 
 
@@ -125,8 +126,62 @@ def test_the_gap_is_found_wherever_it_lies_in_a_long_trace(at: int) -> None:
     # Gaps are taken a slice of 65,536 at a time: one before, at, across or past an edge.
     records = [TraceRecord(i + (1e9 if i >= at else 0.0), 5, 5) for i in range(70_000)]
     found = stray_gap(records, list(range(2, 70_002)), "t.csv")
-    assert found is not None and found.after == at - 1
-    first = 2 if at <= 35_000 else at + 2  # the smaller side is the stray one
-    assert found.message.startswith(f"t.csv:{first}: ")
+    assert found is not None and found.afters == (at - 1,)
+    if at in (1, 69_999):  # a side of one row is the stray one
+        assert found.message.startswith(f"t.csv:{2 if at == 1 else at + 2}: this arrival")
+    else:  # thousands on each side: neither is called stray
+        assert "split the trace into 2 parts" in found.message
     assert stray_gap([TraceRecord(EPOCH + i, 5, 5) for i in range(70_000)],
                      list(range(2, 70_002)), "t.csv") is None
+
+
+def _suggested(message: str) -> list[TraceSpec]:
+    """Each ``--trace-window A:B`` a refusal offers, as the spec it makes."""
+    out = []
+    for start, end in re.findall(r"--trace-window (\d+):(\d*)", message):
+        out.append((float(start), float(end) if end else None))
+    return out  # type: ignore[return-value]
+
+
+def test_a_stray_time_on_either_side_is_found_and_the_window_named_holds_neither(
+        tmp_path: Path) -> None:
+    # The reviewer's file: 0 first, a far future time last; the widest gap alone named a
+    # window that still held the 0 and replayed 54 years without a word.
+    rows = ["0,200,50", *_epoch_rows(), "9900000000,200,50"]
+    path = _csv(tmp_path, rows)
+    with pytest.raises(TraceError) as e:
+        _spec(path).records()
+    said = str(e.value)
+    assert f"{path}:2: lines 2, 103 (2 arrivals)" in said
+    assert "the other 100 arrivals, which span 49.5 s" in said
+    [(start, end)] = _suggested(said)
+    picked = _spec(path, start_s=start, end_s=end).records()
+    assert len(picked) == 100 and picked[-1].arrival_time == pytest.approx(49.5)
+
+
+def test_the_span_said_is_the_other_arrivals_own(tmp_path: Path) -> None:
+    # Three stray rows spanning 2 s: the rest spans 49.5 s, not 51.5.
+    rows = ["0,200,50", "1,200,50", "2,200,50", *_epoch_rows()]
+    with pytest.raises(TraceError, match=r"other 100 arrivals, which span 49\.5 s:"):
+        _spec(_csv(tmp_path, rows)).records()
+
+
+def test_two_big_parts_are_each_offered_and_neither_called_stray(tmp_path: Path) -> None:
+    # 700 rows logged at 0 and 600 real ones: the count cannot say which is the trace.
+    rows = ["0,200,50"] * 700 + _epoch_rows(600)
+    path = _csv(tmp_path, rows)
+    with pytest.raises(TraceError) as e:
+        _spec(path).records()
+    said = str(e.value)
+    assert "split the trace into 2 parts" in said and "stray time" not in said
+    assert "700 arrivals from line 2" in said and "600 arrivals from line 702" in said
+    counts = sorted(len(_spec(path, start_s=a, end_s=b).records())
+                    for a, b in _suggested(said))
+    assert counts == [600, 700]
+
+
+def test_decades_of_gaps_are_said_to_be_no_seconds(tmp_path: Path) -> None:
+    # Every gap weeks long (row numbers times 1.5e6): judged at once, not one by one.
+    rows = [f"{i * 1.5e6:.0f},200,50" for i in range(1200)]
+    with pytest.raises(TraceError, match=r"1,199 gaps .* are its times seconds"):
+        _spec(_csv(tmp_path, rows)).records()
