@@ -55,6 +55,7 @@ from slopilot.operator.decision_events import post_decision
 from slopilot.operator.kube_handle import KubeDeploymentHandle
 from slopilot.operator.kubeapi import Kube
 from slopilot.operator.loop_status import on_record, rebase_episode, status_after
+from slopilot.operator.merge_patch import replacing
 from slopilot.operator.pod_admin import ApplyError
 from slopilot.operator.pod_memory import PodMemory
 from slopilot.operator.pods_status import record_pods_condition
@@ -63,7 +64,7 @@ from slopilot.operator.reconcile import not_reconciled
 from slopilot.operator.scrape_status import ScrapeCheck, scrape_event
 from slopilot.operator.slo_status import WindowFigures
 from slopilot.operator.spec import SpecError, parse_spec
-from slopilot.operator.status_writer import replacing, write_status
+from slopilot.operator.status_writer import write_status
 from slopilot.operator.study_cleanup import delete_studies
 from slopilot.operator.tokens import TokenMint
 from slopilot.operator.tuned_status import NotHeld

@@ -26,9 +26,9 @@ from slopilot.operator.conditions import ConditionType, condition, merge_conditi
 from slopilot.operator.daemon import PHASES
 from slopilot.operator.engine_switch import RanOn
 from slopilot.operator.knobs import tuned_on, tuned_overlay
+from slopilot.operator.merge_patch import replacing
 from slopilot.operator.reconcile import config_status
 from slopilot.operator.spec import Phase, SpecError, parse_spec
-from slopilot.operator.status_writer import replacing
 from slopilot.operator.study_cleanup import with_storage
 from slopilot.operator.tuned_base import target_of
 from slopilot.operator.twin_status import check_patch

@@ -12,7 +12,7 @@ builds again (client-go's RetryOnConflict).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from slopilot.operator.crd import API_VERSION, PLURAL
@@ -23,16 +23,6 @@ ATTEMPTS = 8
 
 StatusBuilder = Callable[[dict[str, Any]], dict[str, Any] | None]
 """The fresh object in, its status patch out (None: nothing to write)."""
-
-
-def replacing(new: Mapping[str, Any], old: Any) -> dict[str, Any]:
-    """``new`` as a merge patch that leaves ``new`` over ``old``: at every level, a key
-    ``old``'s map holds and ``new``'s lacks is set null (RFC 7386 merges maps, so a
-    field a writer dropped would otherwise stay)."""
-    was = old if isinstance(old, Mapping) else {}
-    return {**dict.fromkeys(k for k in was if k not in new),
-            **{k: replacing(v, was.get(k)) if isinstance(v, Mapping) else v
-               for k, v in new.items()}}
 
 
 class StatusConflict(RuntimeError):

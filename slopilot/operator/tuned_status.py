@@ -30,11 +30,12 @@ from slopilot.operator.knobs import (
     tuned_record,
 )
 from slopilot.operator.kubeapi import ApiError, Kube
+from slopilot.operator.merge_patch import replacing
 from slopilot.operator.pod_admin import ApplyError
 from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.reconcile import reconcile
 from slopilot.operator.spec import Backend, parse_spec
-from slopilot.operator.status_writer import ATTEMPTS, replacing
+from slopilot.operator.status_writer import ATTEMPTS
 from slopilot.operator.tokens import TokenMint
 
 log = logging.getLogger(__name__)

@@ -23,8 +23,9 @@ import kopf
 
 from slopilot.operator.conditions import merge_conditions
 from slopilot.operator.kubeapi import Kube
+from slopilot.operator.merge_patch import replacing
 from slopilot.operator.spec import LLMDeploymentSpec
-from slopilot.operator.status_writer import replacing, write_status
+from slopilot.operator.status_writer import write_status
 from slopilot.operator.twin_profile import TwinChoice, config_map_version, resolve_twin
 
 log = logging.getLogger(__name__)
