@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from slopilot.engine.config import PRESETS, ConfigError, EngineConfig, coerce_knob
+from slopilot.operator.merge_patch import replacing
 from slopilot.operator.pod_layout import SCRAPE_INTERVAL_S
 from slopilot.operator.spec_reader import SpecReader, parse_duration
 from slopilot.operator.study_storage import sqlite_sidecar_problem
@@ -250,14 +251,22 @@ def left_trial_reduced(body: Mapping[str, Any]) -> dict[str, Any]:
     before; the record dropped where nothing was committed beneath. None ({}) where there
     is no such record. The switch ended the trial (``engine_switched``), so no daemon
     gives its record back; kept, switched back, the trial's knobs went to the pods as if
-    committed (``tuned_overlay`` runs a trial's record while tuning is on)."""
+    committed (``tuned_overlay`` runs a trial's record while tuning is on).
+
+    The record is replaced whole (``replacing``), as ``TunedStatus`` writes it: merged
+    into the trial's engine map, a knob the committed record lacks (one an older release
+    did not have, or ``committed: {}``, no knob over the spec's) kept the trial's value
+    as committed. ``committed: {}`` stays an empty record, as ``committed_overlay`` and
+    ``TunedStatus.sync`` read and write it: the spec's knobs."""
     tuned = _recorded(body)
     if tuned is None or tuned.get("trial") is not True or moved_from(tuned, body) is None:
         return {}
     committed = tuned.get("committed")
     if not isinstance(committed, dict):
         return {"tunedConfig": None}
-    return {"tunedConfig": {"engine": dict(committed), "trial": None, "committed": None}}
+    reduced = {k: v for k, v in tuned.items() if k not in ("trial", "committed")}
+    reduced["engine"] = dict(committed)
+    return {"tunedConfig": replacing(reduced, tuned)}
 
 
 def trial_recorded(body: Mapping[str, Any]) -> bool:

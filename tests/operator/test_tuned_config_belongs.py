@@ -267,6 +267,58 @@ def test_a_trials_record_left_by_a_switch_with_nothing_committed_is_dropped(
     assert parse_spec(cluster.get()).engine.max_num_seqs == 256
 
 
+def reduce_on_switch(kube_client: kubernetes.client.ApiClient, cluster: Cluster,
+                     backend: str) -> dict[str, Any]:
+    """Switch ``spec.backend`` and write the switch's reconcile's status through the
+    API's merge patch, as the operator does; the ``status.tunedConfig`` left."""
+    cluster.patch("chat", {"spec": {"backend": backend}})
+    outcome = reconcile(Kube(kube_client), cluster.get(), policy=OperatorPolicy(),
+                        mint=operator_mint(cluster))
+    write_status(Kube(kube_client), NS, "chat", lambda fresh: status_of(fresh, outcome))
+    return dict(cluster.get()["status"]["tunedConfig"])
+
+
+def test_a_trial_knob_the_committed_record_lacks_is_not_kept_as_committed(
+        kube: RunningEmulator, kube_client: kubernetes.client.ApiClient) -> None:
+    """A committed record an older release wrote, without a knob (chunk_size) the trial
+    sets (64): merged into the trial's engine map, the reduction kept the trial's 64 as
+    committed, and switched back the pods ran it instead of the spec's 512."""
+    kube.install(crd_manifest())
+    cluster = Cluster(kube_client)
+    cluster.create(llmd(backend="builtin"))
+    body = cluster.get()
+    spec_chunk = parse_spec(body).engine.chunk_size
+    committed = parse_spec(body).engine.to_dict()
+    committed.update(max_num_seqs=8)
+    del committed["chunk_size"]  # no such knob when it was written
+    record(kube_client, tuned_record(body, committed, trial=False) or {})
+    body = cluster.get()
+    trial = {**parse_spec(body).engine.to_dict(), "max_num_seqs": 16, "chunk_size": 64}
+    assert spec_chunk != 64
+    record(kube_client, tuned_record(body, trial, trial=True) or {})
+    tuned = reduce_on_switch(kube_client, cluster, "vllm")
+    assert tuned["engine"] == committed
+    cluster.patch("chat", {"spec": {"backend": "builtin"}})
+    engine = parse_spec(cluster.get()).engine
+    assert (engine.max_num_seqs, engine.chunk_size) == (8, spec_chunk)
+
+
+def test_an_empty_committed_record_keeps_none_of_the_trials_knobs(
+        kube: RunningEmulator, kube_client: kubernetes.client.ApiClient) -> None:
+    """``committed: {}`` (no knob over the spec's) beneath a trial: the reduction kept
+    the trial's whole engine map as committed."""
+    kube.install(crd_manifest())
+    cluster = Cluster(kube_client)
+    cluster.create(llmd(backend="builtin"))
+    body = cluster.get()
+    trial = {**parse_spec(body).engine.to_dict(), "max_num_seqs": 16}
+    record(kube_client, {**(tuned_record(body, trial, trial=True) or {}), "committed": {}})
+    tuned = reduce_on_switch(kube_client, cluster, "vllm")
+    assert tuned.get("engine") == {} and "trial" not in tuned and "committed" not in tuned
+    cluster.patch("chat", {"spec": {"backend": "builtin"}})
+    assert parse_spec(cluster.get()).engine.max_num_seqs == 256
+
+
 def test_the_model_is_what_the_engine_loads_not_the_name_it_is_served_as(
         kube: RunningEmulator, kube_client: kubernetes.client.ApiClient) -> None:
     """A path added under the name the config was tuned for is a switch: the name is only
