@@ -208,11 +208,11 @@ def open_deployment_study(ctx: DaemonContext, space: SearchSpace) -> optuna.Stud
                                      ran_on.reason)
         except StudyStorageError as exc:  # tuning goes on: the trial goes stale instead
             log.warning("%s/%s: trial %d, ended by the switch, not told failed: %s",
-                        ctx.namespace, ctx.name, ran_on.trial, exc)
+                        ctx.namespace, ctx.name, ran_on.trial.number, exc)
         else:
             if failed is not None:
                 log.info("%s/%s: trial %d told failed in study %s: %s", ctx.namespace,
-                         ctx.name, ran_on.trial, failed, ran_on.reason)
+                         ctx.name, ran_on.trial.number, failed, ran_on.reason)
     move = found.move
     if move is not None and move.made:
         log.warning("%s/%s: %s", ctx.namespace, ctx.name, move.message())

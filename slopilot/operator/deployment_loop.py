@@ -475,7 +475,7 @@ class DeploymentLoop:
                 if ran_on is not None and ran_on.trial is not None:
                     # A switch ended it, which the stop below no longer sees: this
                     # controller was built on the trial's own study.
-                    self._fail_switched(controller, ran_on.trial, ran_on.reason)
+                    self._fail_switched(controller, ran_on.trial.number, ran_on.reason)
         controller.stop(self.clock(), reason)
         if target is not None:
             try:

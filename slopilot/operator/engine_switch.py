@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from slopilot.tuner.study.study_family import LeftTrial
 from slopilot.tuner.study.study_target import StudyTarget
 
 
@@ -21,8 +22,8 @@ class RanOn:
 
     target: StudyTarget
     """``status.controller.target``, else ``status.tunedConfig``'s stamp."""
-    trial: int | None = None
-    """The trial the switch ended (``engine_switched``), asked in ``target``'s study;
-    None: no switch, or none was running."""
+    trial: LeftTrial | None = None
+    """The trial the switch ended (``engine_switched``), asked in ``target``'s study (the
+    one it names, where the state kept it); None: no switch, or none was running."""
     reason: str = ""
     """Why it ended, recorded as its ``fail_reason``."""

@@ -36,6 +36,7 @@ from slopilot.tuner.loop.controller import Controller
 from slopilot.tuner.loop.decision import Action, Decision
 from slopilot.tuner.loop.state import ControllerState, LoopState
 from slopilot.tuner.loop.transitions import Event, check
+from slopilot.tuner.study.study_family import LeftTrial
 from slopilot.tuner.study.study_target import StudyTarget
 
 log = logging.getLogger(__name__)
@@ -93,7 +94,8 @@ def _end_on_switch(loop: LoopState, body: Mapping[str, Any]) -> RanOn | None:
             and loop.pending_restore is None and loop.best_config is None:
         return RanOn(then)
     check(loop.state, ControllerState.STEADY, Event.ENGINE_SWITCHED)
-    trial = None if loop.trial is None else loop.trial.number
+    t = loop.trial
+    trial = None if t is None else LeftTrial(t.number, t.study, dict(t.config))
     loop.state, loop.trial, loop.pending_restore = ControllerState.STEADY, None, None
     loop.best_config = loop.best_goodput = loop.baseline_config = None
     loop.rollout = loop.replica_wait = None

@@ -25,7 +25,7 @@ from slopilot.tuner.loop.state import ControllerState, LoopState, RunningTrial
 from slopilot.tuner.study.live import ResumableTuner
 from slopilot.tuner.study.space import SearchSpace
 from slopilot.tuner.study.storage import open_study
-from slopilot.tuner.study.study_family import open_for_space
+from slopilot.tuner.study.study_family import LeftTrial, open_for_space
 from slopilot.tuner.study.study_target import StudyTarget
 from tests.operator.operator_support import Cluster, llmd, operator_mint
 from tests.operator.test_production_wiring import context
@@ -33,12 +33,14 @@ from tests.support.kube_server import RunningEmulator
 
 BUILTIN = StudyTarget("builtin", "smollm2-135m")
 VLLM = StudyTarget("vllm", "smollm2-135m")
+STUDY = "default/chat/uid"
 
 
 def _mid_trial(target: str | None, number: int = 0) -> LoopState:
     return LoopState(state=ControllerState.TUNING, baseline_config={"token_budget": 1024},
                      target=target,
-                     trial=RunningTrial(number, {"token_budget": 2048}, 10.0, canary=True))
+                     trial=RunningTrial(number, {"token_budget": 2048}, 10.0, canary=True,
+                                        study=STUDY))
 
 
 def _built(cluster: Cluster, spec: dict[str, Any], status: dict[str, Any]) -> DaemonContext:
@@ -69,7 +71,8 @@ def test_the_build_hands_the_study_what_the_loop_ran_on(
     switched = _built(cluster, {"backend": "vllm"},
                       {"controller": _mid_trial(BUILTIN.key, 3).to_dict()})
     assert switched.ran_on is not None and switched.ran_on.target == BUILTIN
-    assert switched.ran_on.trial == 3 and "engine_switched" in switched.ran_on.reason
+    assert switched.ran_on.trial == LeftTrial(3, STUDY, {"token_budget": 2048})
+    assert "engine_switched" in switched.ran_on.reason
     # A state from before the target was kept: the committed config's stamp says it.
     stamped = cluster.get()
     tuned = tuned_record(stamped, {"max_num_seqs": 8}, trial=False)
@@ -102,7 +105,8 @@ def test_a_trial_a_switch_ended_is_told_failed_in_its_own_study(tmp_path: Path) 
     number, _ = left.ask()
     why = "engine_switched: builtin/smollm2-135m -> vllm/smollm2-135m"
     study = open_deployment_study(
-        dataclasses.replace(ctx, ran_on=RanOn(BUILTIN, number, why)), ctx.spec.tuning.space)
+        dataclasses.replace(ctx, ran_on=RanOn(BUILTIN, LeftTrial(number, base), why)),
+        ctx.spec.tuning.space)
     assert study.study_name != base
     failed = open_study(ctx.storage, base).trials[number]
     assert failed.state is TrialState.FAIL and failed.user_attrs["fail_reason"] == why

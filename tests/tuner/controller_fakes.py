@@ -164,6 +164,7 @@ class FakeStudy:
     resumed: list[int] = field(default_factory=list)
     closed: bool = False
     space: SearchSpace = field(default_factory=SearchSpace.from_bounds)
+    name: str = "ns/fake/uid"
 
     def warm_start(self, configs: Sequence[Mapping[str, Any]]) -> None:
         self.warm = [dict(c) for c in configs]

@@ -60,6 +60,8 @@ def test_retune_alert_warm_starts_and_commits_the_first_feasible_trial() -> None
     assert (d.state, d.action, d.trial) == (ControllerState.TUNING, Action.TRIAL, 0)
     assert rig.study.warm == [GOOD]  # the offline best went in first
     assert rig.dep.applied == [(GOOD, False)]  # one replica: no canary
+    # Kept with the trial: its number starts again in each study of the family.
+    assert ctl.loop.trial is not None and ctl.loop.trial.study == rig.study.name
     assert ctl.tick(5.0).action is Action.NONE  # window still running
     d = ctl.tick(10.0)
     assert (d.state, d.action) == (ControllerState.COOLDOWN, Action.COMMIT)

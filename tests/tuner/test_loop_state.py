@@ -31,6 +31,13 @@ def test_a_saved_state_round_trips() -> None:
     assert LoopState.from_dict(state.to_dict()) == state
 
 
+def test_the_trials_study_round_trips_and_an_older_state_names_none() -> None:
+    state = LoopState(trial=RunningTrial(**TRIAL, study="ns/chat/uid/space-0123456789ab"))
+    assert LoopState.from_dict(state.to_dict()) == state
+    assert LoopState.from_dict({"trial": TRIAL}).trial == RunningTrial(**TRIAL)  # before it
+    assert RunningTrial(**TRIAL).study is None
+
+
 def test_an_owed_restore_round_trips_and_an_older_state_owes_none() -> None:
     state = LoopState(state=ControllerState.COOLDOWN, pending_restore=PendingRestore(**OWED))
     assert LoopState.from_dict(state.to_dict()) == state
@@ -57,6 +64,7 @@ def test_an_owed_restore_round_trips_and_an_older_state_owes_none() -> None:
     ({"trial": {**TRIAL, "number": "3"}}, "trial.number"),
     ({"trial": {**TRIAL, "config": None}}, "trial.config"),
     ({"trial": {**TRIAL, "canary_replica": 5}}, "trial.canary_replica"),
+    ({"trial": {**TRIAL, "study": 7}}, "trial.study"),
     ({"trial": {"number": 3}}, "trial"),
     ({"pending_restore": "owed"}, "pending_restore"),
     ({"pending_restore": {**OWED, "attempts": "2"}}, "pending_restore.attempts"),

@@ -13,6 +13,7 @@ from slopilot.tuner.study.space import SearchSpace
 from slopilot.tuner.study.space_fit import conflicts, fingerprint, space_distributions
 from slopilot.tuner.study.storage import open_study
 from slopilot.tuner.study.study_family import (
+    LeftTrial,
     base_of,
     delete_family,
     fail_left_trial,
@@ -173,14 +174,15 @@ def test_a_trial_a_switch_left_running_is_told_failed_in_its_own_study(
     other = ResumableTuner(moved.study, space)
     assert other.ask()[0] == number
     why = "engine_switched: builtin/m -> vllm/m"
-    assert fail_left_trial(storage, "ns/chat/u1", builtin, number, why) == "ns/chat/u1"
+    left_trial = LeftTrial(number, "ns/chat/u1")
+    assert fail_left_trial(storage, "ns/chat/u1", builtin, left_trial, why) == "ns/chat/u1"
     failed = open_study(storage, "ns/chat/u1").trials[number]
     assert failed.state is optuna.trial.TrialState.FAIL
     assert failed.user_attrs["fail_reason"] == why
     assert open_study(storage, moved.study.study_name).trials[number].state \
         is optuna.trial.TrialState.RUNNING
     # Told once: a second build after the switch finds none running.
-    assert fail_left_trial(storage, "ns/chat/u1", builtin, number, why) is None
+    assert fail_left_trial(storage, "ns/chat/u1", builtin, left_trial, why) is None
     left.close()
     other.close()
 
@@ -198,9 +200,79 @@ def test_a_trial_a_switch_left_in_a_space_moves_successor_is_told_failed_there(
     assert moved.move is not None and moved.move.target_then is None
     left = ResumableTuner(moved.study, now)
     number, _ = left.ask()
-    assert fail_left_trial(storage, "ns/chat/u1", vllm, number, "x") is None
-    assert fail_left_trial(storage, "ns/chat/u1", builtin, number, "switched") == \
+    left_trial = LeftTrial(number, moved.study.study_name)
+    assert fail_left_trial(storage, "ns/chat/u1", vllm, left_trial, "x") is None
+    assert fail_left_trial(storage, "ns/chat/u1", builtin, left_trial, "switched") == \
         moved.study.study_name
     assert open_study(storage, moved.study.study_name).trials[number].state \
         is optuna.trial.TrialState.FAIL
     left.close()
+
+
+FAMILY = ["ns/chat/u1", "ns/chat2/u1", "ns2/chat/u1", "ns/chat/u1x",
+          successor_name("ns/chat/u1", "a" * 12),
+          successor_name(successor_name("ns/chat/u1", "a" * 12), "b" * 12)]
+"""A base, names that merely start alike, a space move's successor (which records no
+target: its base's), and a successor's successor (no member of the family)."""
+
+
+def running_zeros(storage: str, target: StudyTarget) -> dict[str, int]:
+    """Trial 0 running in each of ``FAMILY``, asked as ``Tuner`` asks it (its config a
+    user attribute): its ``max_num_seqs``, told apart by the study's place in the list."""
+    seqs: dict[str, int] = {}
+    for i, name in enumerate(FAMILY):
+        study = open_study(storage, name)
+        if name == "ns/chat/u1" or "/space-" not in name:
+            target.record(study)
+        trial = study.ask()
+        trial.set_user_attr("config", {"max_num_seqs": 8 + i})
+        seqs[name] = 8 + i
+    return seqs
+
+
+def states(storage: str) -> dict[str, list[str]]:
+    return {name: [t.state.name for t in optuna.load_study(
+        study_name=name, storage=storage).trials] for name in FAMILY}
+
+
+def test_the_left_trial_is_failed_in_the_study_it_was_asked_in_alone(
+        tmp_path: Path) -> None:
+    """Trial numbers start again in each study of the family: the successor's trial 0
+    was the switch's, and a second build before the status said so (the same call
+    again) failed the base's own running trial 0, the switch its reason."""
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    vllm = StudyTarget("vllm", "m")
+    running_zeros(storage, vllm)
+    successor = FAMILY[4]
+    left_trial = LeftTrial(0, successor)
+    for _ in range(2):
+        fail_left_trial(storage, "ns/chat/u1", vllm, left_trial, "switch")
+    assert states(storage) == {name: ["FAIL" if name == successor else "RUNNING"]
+                               for name in FAMILY}
+
+
+def test_a_state_that_names_no_study_fails_the_one_trial_of_its_config(
+        tmp_path: Path) -> None:
+    """A loop state from before the study was recorded: the trial whose number and
+    config are the state's, where exactly one study of the target runs one, and only
+    once; never the base's trial 0 of another config."""
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    vllm = StudyTarget("vllm", "m")
+    seqs = running_zeros(storage, vllm)
+    successor = FAMILY[4]
+    left_trial = LeftTrial(0, None, {"max_num_seqs": seqs[successor]})
+    assert fail_left_trial(storage, "ns/chat/u1", vllm, left_trial, "switch") == successor
+    assert fail_left_trial(storage, "ns/chat/u1", vllm, left_trial, "switch") is None
+    assert states(storage) == {name: ["FAIL" if name == successor else "RUNNING"]
+                               for name in FAMILY}
+
+
+def test_a_state_that_names_no_study_or_config_fails_none_of_two_candidates(
+        tmp_path: Path) -> None:
+    """Number alone, with the base and its successor both running a trial 0: which was
+    the switch's is not known, and neither is failed (the switch's goes stale)."""
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    vllm = StudyTarget("vllm", "m")
+    running_zeros(storage, vllm)
+    assert fail_left_trial(storage, "ns/chat/u1", vllm, LeftTrial(0), "switch") is None
+    assert all(s == ["RUNNING"] for s in states(storage).values())

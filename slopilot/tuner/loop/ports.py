@@ -282,6 +282,12 @@ class LiveStudy(Protocol):
     """What its trials are drawn from: a max-replicas verdict holds only for this space
     (``backoff.situation``)."""
 
+    @property
+    def name(self) -> str:
+        """The study's name, which a trial's number is unique within (the family's
+        successors number theirs from 0 again)."""
+        ...
+
     def warm_start(self, configs: Sequence[Mapping[str, Any]]) -> object: ...
 
     def ask(self) -> tuple[int, dict[str, Any]]:

@@ -75,6 +75,10 @@ class RunningTrial:
     fast and then levelled off far above steady is read as no longer falling."""
     backlog_mark_at: float | None = None
     """When that reading was made."""
+    study: str | None = None
+    """The study the trial was asked in (its name): a switch that ends it tells it failed
+    there alone, as its number starts again in each study of the family. None in a
+    state from before it: found by its number and config (``fail_left_trial``)."""
 
 
 @dataclass

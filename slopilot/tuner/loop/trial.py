@@ -62,7 +62,8 @@ def next_trial(ctx: LoopContext, now: float, reason: str) -> Decision | Go:
     rolling = rollout_watch.look(ctx, now)
     loop.trial = RunningTrial(number, dict(config), now, canary,
                               canary_replica=replica if canary else None, began_at=now,
-                              rolling=not isinstance(rolling, Settled), draining=True)
+                              rolling=not isinstance(rolling, Settled), draining=True,
+                              study=ctx.study.name)
     where = "canary" if canary else "all replicas"
     how = "" if isinstance(rolling, Settled) else f" (rolling out: {rolling.why})"
     return ctx.decide(Action.TRIAL, f"trial {number} on {where}{how}; {reason}",

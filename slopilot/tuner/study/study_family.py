@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import optuna
 from optuna.trial import TrialState
@@ -153,33 +155,62 @@ def _successor(storage: str | None, base: optuna.Study, name: str
     return open_study(storage, name), made
 
 
-def fail_left_trial(storage: str, base: str, target: StudyTarget, number: int,
+@dataclass(frozen=True)
+class LeftTrial:
+    """The trial a switch ended, as the loop state saved it: enough to find it alone in
+    the family, whose studies each number their trials from 0."""
+
+    number: int
+    study: str | None = None
+    """The study it was asked in (``RunningTrial.study``); None in a state saved before
+    it was kept."""
+    config: Mapping[str, Any] | None = None
+    """Its config as the loop ran it, which the trial's ``config`` attribute holds (the
+    ask's); None: not known. Read only where ``study`` is None."""
+
+
+def fail_left_trial(storage: str, base: str, target: StudyTarget, left: LeftTrial,
                     reason: str) -> str | None:
-    """Trial ``number``, which a switch away from ``target`` left running in the family's
+    """Trial ``left``, which a switch away from ``target`` left running in the family's
     study of ``target``, told failed there with ``reason`` (its ``fail_reason``); the
-    study's name, or None where none of them still runs it (told already, or failed as
-    stale). Left running, it went stale a grace period later with no reason but a
-    missed heartbeat. A study of ``target``: one that records it, or a successor a space
-    move made that records none, of a base that does. Of several, the last made that
-    runs it. StudyStorageError where the storage cannot be reached."""
-    studies = {name: open_study(storage, name)
-               for name in study_names(storage) if in_family(base, name)}
+    study's name, or None where it no longer runs (told already, or failed as stale) or
+    is not known for sure. Left running, it went stale a grace period later with no
+    reason but a missed heartbeat. Where ``left`` names its study, that study's trial
+    alone (trial numbers start again in each study: a second build before the status
+    said so failed the base's own running trial of the number). A state from before the
+    study was kept names none: a study of ``target`` (one that records it, or a successor
+    a space move made that records none, of a base that does) whose running trial of the
+    number has the state's config, where there is exactly one; of several, none (the
+    trial goes stale). StudyStorageError where the storage cannot be reached."""
+    names = [name for name in study_names(storage) if in_family(base, name)
+             and (left.study is None or name in (left.study, base))]
+    studies = {name: open_study(storage, name) for name in names}
     base_target = StudyTarget.recorded(studies[base].user_attrs) if base in studies else None
-    found: list[tuple[int, optuna.Study, optuna.storages.BaseStorage]] = []
-    for name, study in studies.items():
-        store = storage_of(study)
-        recorded = StudyTarget.recorded(study.user_attrs)
-        if store is None or (recorded or (base_target if name != base else None)) != target:
-            continue
-        if any(t.number == number for t in
-               study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))):
-            found.append((store.get_study_id_from_name(name), study, store))
-    if not found:
+    found = [study for name, study in studies.items()
+             if (left.study is None or name == left.study)
+             and (StudyTarget.recorded(study.user_attrs)
+                  or (base_target if name != base else None)) == target
+             and _running(study, left)]
+    return _fail(found[0], left, reason) if len(found) == 1 else None
+
+
+def _running(study: optuna.Study, left: LeftTrial) -> bool:
+    """Whether ``study`` runs trial ``left`` (its number; and its config where the
+    study is not named)."""
+    return any(t.number == left.number and (
+        left.study is not None or left.config is None
+        or t.user_attrs.get("config") == dict(left.config))
+        for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+
+
+def _fail(study: optuna.Study, left: LeftTrial, reason: str) -> str | None:
+    store = storage_of(study)
+    if store is None:
         return None
-    study_id, study, store = max(found, key=lambda entry: entry[0])
-    trial_id = store.get_trial_id_from_study_id_trial_number(study_id, number)
+    study_id = store.get_study_id_from_name(study.study_name)
+    trial_id = store.get_trial_id_from_study_id_trial_number(study_id, left.number)
     optuna.Trial(study, trial_id).set_user_attr("fail_reason", reason)
-    study.tell(number, state=TrialState.FAIL)
+    study.tell(left.number, state=TrialState.FAIL)
     return study.study_name
 
 

@@ -41,6 +41,10 @@ class Tuner(WarmStarts):
         self.heartbeat: TrialHeartbeat | None = None
         """Beats for the open trials when the study's storage has heartbeats."""
 
+    @property
+    def name(self) -> str:
+        return self.study.study_name
+
     def ask(self) -> tuple[int, dict[str, Any]]:
         """The next config to try, with its trial number (for ``tell``).
 
