@@ -54,8 +54,9 @@ def _as_server_user() -> list[str]:
     return ["runuser", "-u", "postgres", "--"]
 
 
-@pytest.fixture(scope="session")
-def postgres() -> Iterator[PostgresServer]:
+def server_tools() -> tuple[Path, list[str]]:
+    """The server's tools and the prefix that runs them; skipped (failed where
+    ``REQUIRE_ENV`` says they must be) where there are none, or no user to run them."""
     bin_dir = _bin_dir()
     try:
         prefix = _as_server_user() if bin_dir else []
@@ -64,7 +65,12 @@ def postgres() -> Iterator[PostgresServer]:
     if bin_dir is None:
         missing("no PostgreSQL server binaries (pg_ctl, initdb) and a user to run them "
                 "(install them: apt-get install -y postgresql)", REQUIRE_ENV)
-    with serve(bin_dir, prefix) as server:
+    return bin_dir, prefix
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    with serve(*server_tools()) as server:
         yield server
 
 

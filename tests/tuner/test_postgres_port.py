@@ -11,20 +11,12 @@ import socket
 
 import psycopg
 
-from tests.support.fixtures import missing
 from tests.support.ports import take_port
-from tests.support.postgres import REQUIRE_ENV, _as_server_user, _bin_dir, serve
+from tests.support.postgres import serve, server_tools
 
 
 def test_postgres_starts_on_its_port_though_another_server_wants_it() -> None:
-    bin_dir = _bin_dir()
-    try:
-        prefix = _as_server_user() if bin_dir else []
-    except KeyError:
-        bin_dir = None
-    if bin_dir is None:
-        missing("no PostgreSQL server binaries (pg_ctl, initdb) and a user to run them "
-                "(install them: apt-get install -y postgresql)", REQUIRE_ENV)
+    bin_dir, prefix = server_tools()
     intruders: list[socket.socket] = []
 
     def take(port: int) -> None:
