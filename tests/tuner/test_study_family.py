@@ -3,10 +3,10 @@
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 
 import optuna
+import pytest
 
 from slopilot.tuner.study.live import ResumableTuner
 from slopilot.tuner.study.space import SearchSpace
@@ -22,6 +22,10 @@ from slopilot.tuner.study.study_family import (
     successor_name,
 )
 from slopilot.tuner.study.study_target import StudyTarget
+
+# Trials asked here as the loop asks them (outside Study.optimize), on the heartbeat
+# storage the daemon uses: Optuna's note on that is not news (tuner.py hides it too).
+pytestmark = pytest.mark.filterwarnings("ignore:Heartbeat of storage:UserWarning")
 
 
 def asked(storage: str, name: str, space: SearchSpace) -> None:
@@ -92,10 +96,8 @@ def test_delete_family_deletes_the_base_and_its_successors_only(tmp_path: Path) 
 def told(study: optuna.Study, space: SearchSpace, *values: float) -> None:
     """Trials of ``space`` with ``values``, asked and told as the loop's sampler would."""
     dists = space_distributions(space)
-    with warnings.catch_warnings():  # the heartbeat storage's note on ask outside optimize
-        warnings.simplefilter("ignore", UserWarning)
-        for value in values:
-            study.tell(study.ask(dists), value)
+    for value in values:
+        study.tell(study.ask(dists), value)
 
 
 def test_a_backend_switch_goes_on_in_a_study_of_its_own_and_back(tmp_path: Path) -> None:
