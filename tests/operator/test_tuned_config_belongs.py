@@ -174,6 +174,22 @@ def _vllm_cr_with_eight_sequences(kube: RunningEmulator,
     return cluster, body, engine
 
 
+def _builtin_cr(kube: RunningEmulator, kube_client: kubernetes.client.ApiClient) -> Cluster:
+    """A built-in engine's CR as created."""
+    kube.install(crd_manifest())
+    cluster = Cluster(kube_client)
+    cluster.create(llmd(backend="builtin"))
+    return cluster
+
+
+def _reconciled(kube_client: kubernetes.client.ApiClient, cluster: Cluster) -> None:
+    """The CR reconciled as it is, its status written through the API's merge patch, as
+    the operator does."""
+    outcome = reconcile(Kube(kube_client), cluster.get(), policy=OperatorPolicy(),
+                        mint=operator_mint(cluster))
+    write_status(Kube(kube_client), NS, "chat", lambda fresh: status_of(fresh, outcome))
+
+
 def test_a_model_switch_leaves_the_tuned_config_behind(
         kube: RunningEmulator, kube_client: kubernetes.client.ApiClient) -> None:
     cluster, body, engine = _vllm_cr_with_eight_sequences(kube, kube_client)
@@ -203,16 +219,12 @@ def test_the_first_reconcile_stamps_a_record_of_the_earlier_release_with_its_bac
     """Absent means the current only until this release's first reconcile of the CR
     (kopf's resume handler runs one for each at the start): it writes the current
     backend and model in, so a switch after the upgrade leaves the record behind too."""
-    kube.install(crd_manifest())
-    cluster = Cluster(kube_client)
-    cluster.create(llmd(backend="builtin"))
+    cluster = _builtin_cr(kube, kube_client)
     body = cluster.get()
     engine = parse_spec(body).engine.to_dict()
     engine.update(token_budget=128, chunk_size=64, max_num_seqs=8)
     record(kube_client, {"engine": engine, "base": released_checksum(body)})
-    outcome = reconcile(Kube(kube_client), cluster.get(), policy=OperatorPolicy(),
-                        mint=operator_mint(cluster))
-    write_status(Kube(kube_client), NS, "chat", lambda fresh: status_of(fresh, outcome))
+    _reconciled(kube_client, cluster)
     tuned = cluster.get()["status"]["tunedConfig"]
     assert (tuned["backend"], tuned["model"]) == ("builtin", "smollm2-135m")
     assert tuned["engine"] == engine and tuned["base"] == released_checksum(body)
@@ -226,9 +238,7 @@ def test_a_trials_record_left_by_a_switch_applies_only_its_committed_knobs_back(
     """A trial's record (16 sequences, over the committed 8) when the spec switches to
     vLLM: the switch ends the trial, and switched back its knobs went to the pods as if
     committed. The reconcile of the switch keeps only the committed record."""
-    kube.install(crd_manifest())
-    cluster = Cluster(kube_client)
-    cluster.create(llmd(backend="builtin"))
+    cluster = _builtin_cr(kube, kube_client)
     policy, mint = OperatorPolicy(), operator_mint(cluster)
     body = cluster.get()
     committed = parse_spec(body).engine.to_dict()
@@ -250,18 +260,14 @@ def test_a_trials_record_left_by_a_switch_applies_only_its_committed_knobs_back(
 
 def test_a_trials_record_left_by_a_switch_with_nothing_committed_is_dropped(
         kube: RunningEmulator, kube_client: kubernetes.client.ApiClient) -> None:
-    kube.install(crd_manifest())
-    cluster = Cluster(kube_client)
-    cluster.create(llmd(backend="builtin"))
+    cluster = _builtin_cr(kube, kube_client)
     body = cluster.get()
     trial = parse_spec(body).engine.to_dict()
     trial.update(max_num_seqs=16)
     # No committed config beneath it: recorded as the trial's alone.
     record(kube_client, {**(tuned_record(body, trial, trial=False) or {}), "trial": True})
     cluster.patch("chat", {"spec": {"model": {"name": "tiny-random"}}})
-    outcome = reconcile(Kube(kube_client), cluster.get(), policy=OperatorPolicy(),
-                        mint=operator_mint(cluster))
-    write_status(Kube(kube_client), NS, "chat", lambda fresh: status_of(fresh, outcome))
+    _reconciled(kube_client, cluster)
     assert cluster.get()["status"].get("tunedConfig") is None
     cluster.patch("chat", {"spec": {"model": {"name": "smollm2-135m"}}})
     assert parse_spec(cluster.get()).engine.max_num_seqs == 256
@@ -269,12 +275,10 @@ def test_a_trials_record_left_by_a_switch_with_nothing_committed_is_dropped(
 
 def reduce_on_switch(kube_client: kubernetes.client.ApiClient, cluster: Cluster,
                      backend: str) -> dict[str, Any]:
-    """Switch ``spec.backend`` and write the switch's reconcile's status through the
-    API's merge patch, as the operator does; the ``status.tunedConfig`` left."""
+    """Switch ``spec.backend``, the switch reconciled (``_reconciled``); the
+    ``status.tunedConfig`` left."""
     cluster.patch("chat", {"spec": {"backend": backend}})
-    outcome = reconcile(Kube(kube_client), cluster.get(), policy=OperatorPolicy(),
-                        mint=operator_mint(cluster))
-    write_status(Kube(kube_client), NS, "chat", lambda fresh: status_of(fresh, outcome))
+    _reconciled(kube_client, cluster)
     return dict(cluster.get()["status"]["tunedConfig"])
 
 
@@ -283,9 +287,7 @@ def test_a_trial_knob_the_committed_record_lacks_is_not_kept_as_committed(
     """A committed record an older release wrote, without a knob (chunk_size) the trial
     sets (64): merged into the trial's engine map, the reduction kept the trial's 64 as
     committed, and switched back the pods ran it instead of the spec's 512."""
-    kube.install(crd_manifest())
-    cluster = Cluster(kube_client)
-    cluster.create(llmd(backend="builtin"))
+    cluster = _builtin_cr(kube, kube_client)
     body = cluster.get()
     spec_chunk = parse_spec(body).engine.chunk_size
     committed = parse_spec(body).engine.to_dict()
@@ -307,9 +309,7 @@ def test_an_empty_committed_record_keeps_none_of_the_trials_knobs(
         kube: RunningEmulator, kube_client: kubernetes.client.ApiClient) -> None:
     """``committed: {}`` (no knob over the spec's) beneath a trial: the reduction kept
     the trial's whole engine map as committed."""
-    kube.install(crd_manifest())
-    cluster = Cluster(kube_client)
-    cluster.create(llmd(backend="builtin"))
+    cluster = _builtin_cr(kube, kube_client)
     body = cluster.get()
     trial = {**parse_spec(body).engine.to_dict(), "max_num_seqs": 16}
     record(kube_client, {**(tuned_record(body, trial, trial=True) or {}), "committed": {}})
@@ -328,13 +328,13 @@ def test_the_model_is_what_the_engine_loads_not_the_name_it_is_served_as(
     argument given as a path instead of a name is no switch."""
     cluster, body, engine = _vllm_cr_with_eight_sequences(kube, kube_client)
     record(kube_client, tuned_record(body, engine, trial=False) or {})
-    cluster.patch("chat", {"spec": {"model": {"path": "/opt/weights/llama-3.1-70b"}}})
+    cluster.patch("chat", {"spec": {"model": {"path": "/models/llama-3.1-70b"}}})
     switched = cluster.get()
     assert switched["spec"]["model"]["name"] == "smollm2-135m"
     assert tuned_overlay(switched) is None
     assert parse_spec(switched).engine.max_num_seqs == 256
     said = [w for w in parse_spec(switched).warnings if "status.tunedConfig" in w]
-    assert len(said) == 1 and "'/opt/weights/llama-3.1-70b'" in said[0]
+    assert len(said) == 1 and "'/models/llama-3.1-70b'" in said[0]
     # and back: the path removed, the name is what the engine loads again
     cluster.patch("chat", {"spec": {"model": {"path": None}}})
     assert parse_spec(cluster.get()).engine.max_num_seqs == 8
