@@ -25,6 +25,7 @@ from slopilot.tuner.prometheus.rules import (
     BUILTIN_LATENCY,
     VLLM_LATENCY,
     LatencySources,
+    RuleError,
     render_rule_groups,
 )
 from tests.support.alertmanager import (
@@ -96,6 +97,38 @@ def test_a_stall_or_an_outage_pages_once_per_deployment(latency: LatencySources)
         # What the on-call acts on stays: the fault itself and the non-latency rows.
         assert not any(_inhibited(a, fault) for a in alerts)
         assert not any(_inhibited(fault, a) for a in alerts if a["alertname"] not in LATENCY)
+
+
+def test_an_alert_forged_in_another_namespace_silences_nothing() -> None:
+    """A tenant allowed rules in its own namespace writes a stall naming team-b's chat in
+    the ``slopilot_*`` labels; the Prometheus's enforced label stamps it with the
+    tenant's own namespace, which the rules compare too, so team-b pages on."""
+    victim = _labels(BUILTIN_LATENCY, namespace="team-b")
+    for fault in ("SlopilotEngineStalled", "SlopilotTTFTP99High"):
+        forged = [dict(a, namespace="team-evil") for a in victim
+                  if a["alertname"] == fault and a["severity"] == "critical"]
+        assert forged
+        assert not any(_inhibited(f, a) for f in forged for a in victim), fault
+
+
+def test_without_an_enforced_label_a_stall_still_silences_its_latency_pages() -> None:
+    """A Prometheus without an enforced namespace label: no alert carries ``namespace``,
+    and a label absent from both sides is equal."""
+    spec = SLOSpec.from_dict({"profile": "standard"})
+    rules = render_rule_groups(spec, "chat", namespace="team-a",
+                               latency=BUILTIN_LATENCY)["groups"][0]["rules"]
+    alerts = [{"alertname": r["alert"], **r["labels"]} for r in rules if "alert" in r]
+    assert not any("namespace" in a for a in alerts)
+    stall = next(a for a in alerts if a["alertname"] == "SlopilotEngineStalled")
+    assert all(_inhibited(stall, a) for a in alerts if a["alertname"] in LATENCY)
+
+
+def test_the_enforced_label_is_the_one_the_cluster_names() -> None:
+    rules = inhibitions(namespace_label="tenant")
+    assert all("tenant" in r.equal and "namespace" not in r.equal for r in rules)
+    assert all("namespace" in r.equal for r in inhibitions())
+    with pytest.raises(RuleError, match="namespace label"):
+        inhibitions(namespace_label='bad"label')
 
 
 def test_a_critical_silences_the_warning_of_its_alert_and_class_only() -> None:
@@ -249,3 +282,28 @@ def test_a_real_alertmanager_lets_a_critical_silence_its_warning_only(
         assert _inhibitors(verdicts, alone) == [], alone
         assert verdicts[frozenset(alone.items())]["status"]["state"] == "active", alone
     _agrees_with_the_model(verdicts, posted)
+
+
+def test_a_real_alertmanager_lets_no_forged_alert_silence_another_namespace(
+        alertmanager_factory: Callable[[dict[str, Any]], AlertmanagerServer],  # noqa: F811
+) -> None:
+    """The docs' rules on a real Alertmanager: team-evil's stall and criticals, naming
+    team-b's chat in the ``slopilot_*`` labels, stamped ``namespace=team-evil`` by the
+    Prometheus; team-b's own stall still silences its latency pages."""
+    am = alertmanager_factory(null_route_config([*_docs_rules(), CANARY_RULE]))
+    victim = [a for a in _labels(BUILTIN_LATENCY, namespace="team-b")
+              if a["alertname"] in LATENCY]
+    stall = next(a for a in _labels(BUILTIN_LATENCY, namespace="team-b")
+                 if a["alertname"] == "SlopilotEngineStalled")
+    forged = [dict(stall, namespace="team-evil"),
+              *(dict(a, namespace="team-evil") for a in victim if a["severity"] == "critical")]
+    verdicts = _judged(am, [*victim, *forged])
+    for alert in victim:
+        by = _inhibitors(verdicts, alert)
+        assert not any(s.get("namespace") == "team-evil" for s in by), (alert, by)
+        if alert["severity"] == "critical" or alert["alertname"] != "SlopilotTTFTP99High":
+            assert by == [], (alert, by)
+    _agrees_with_the_model(verdicts, [*victim, *forged])
+    am2 = alertmanager_factory(null_route_config([*_docs_rules(), CANARY_RULE]))
+    own = _judged(am2, [stall, *victim])
+    assert all(_inhibitors(own, a) for a in victim)

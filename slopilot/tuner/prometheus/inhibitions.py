@@ -5,7 +5,10 @@ its queue then drives every TTFT row of each class (a first token never given is
 breach: ``latency_sources``), whose advice (retune) is moot while the controller holds.
 And a TTFT P99 over 2 x its SLO fires the warning row of the same alert and class too.
 These rules, rendered from the table's names, tell Alertmanager to keep the lesser pages
-quiet while the greater one fires, per deployment (its namespace and name labels):
+quiet while the greater one fires, per deployment (its namespace and name labels, and the
+namespace label the Prometheus enforces: a tenant may write any ``slopilot_namespace`` in
+a rule of its own namespace, never that label, so a forged stall silences no other
+namespace's pages):
 
 - ``SlopilotEngineStalled`` or ``SlopilotTargetsDown`` silences every latency alert
   (``VALUE_FIGURE``: the rows that read a class's TTFT or TBT P99);
@@ -32,7 +35,12 @@ from typing import Any
 import yaml
 
 from slopilot.tuner.prometheus.alert_table import VALUE_FIGURE, AlertName, Severity
-from slopilot.tuner.prometheus.rules import DEPLOYMENT_LABEL, NAMESPACE_LABEL
+from slopilot.tuner.prometheus.rules import (
+    DEPLOYMENT_LABEL,
+    NAMESPACE_LABEL,
+    RuleError,
+    check_namespace_label,
+)
 
 BLINDING_ALERTS = (AlertName.ENGINE_STALLED, AlertName.TARGETS_DOWN)
 """Alerts under which the latency figures say nothing a person can act on: no token is
@@ -41,6 +49,11 @@ LATENCY_ALERTS = tuple(AlertName(name) for name, figure in VALUE_FIGURE.items()
                        if figure.per_class)
 """The alerts that read a class's TTFT or TBT P99."""
 DEPLOYMENT = (NAMESPACE_LABEL, DEPLOYMENT_LABEL)
+ENFORCED_LABEL = "namespace"
+"""The namespace label the rules compare unless told another: prometheus-operator's
+usual ``enforcedNamespaceLabel``. Compared where no Prometheus enforces one too: no
+slopilot alert then carries it (the rules aggregate it away), and a label absent from
+both alerts is equal."""
 
 
 class MatchType(enum.StrEnum):
@@ -88,36 +101,38 @@ def _one_of(names: tuple[AlertName, ...]) -> Matcher:
     return Matcher("alertname", MatchType.REGEX, "|".join(n.value for n in names))
 
 
-def inhibitions() -> tuple[Inhibition, ...]:
-    """The inhibit rules, from the table's names."""
+def inhibitions(namespace_label: str = ENFORCED_LABEL) -> tuple[Inhibition, ...]:
+    """The inhibit rules, from the table's names; ``namespace_label`` the Prometheus's
+    enforced namespace label (a RuleError where it cannot be one)."""
+    deployment = (*DEPLOYMENT, check_namespace_label(namespace_label))
     every = tuple(AlertName)
     return (
-        Inhibition((_one_of(BLINDING_ALERTS),), (_one_of(LATENCY_ALERTS),), DEPLOYMENT),
+        Inhibition((_one_of(BLINDING_ALERTS),), (_one_of(LATENCY_ALERTS),), deployment),
         Inhibition((_one_of(every), Matcher("severity", MatchType.EQUAL,
                                             Severity.CRITICAL.value)),
                    (_one_of(every), Matcher("severity", MatchType.EQUAL,
                                             Severity.WARNING.value)),
-                   ("alertname", "priority_class", *DEPLOYMENT)),
+                   ("alertname", "priority_class", *deployment)),
     )
 
 
-def alertmanager_rules() -> list[dict[str, Any]]:
+def alertmanager_rules(namespace_label: str = ENFORCED_LABEL) -> list[dict[str, Any]]:
     """``inhibit_rules`` entries of a plain ``alertmanager.yml``."""
     return [{"source_matchers": [m.text() for m in rule.source],
              "target_matchers": [m.text() for m in rule.target],
-             "equal": list(rule.equal)} for rule in inhibitions()]
+             "equal": list(rule.equal)} for rule in inhibitions(namespace_label)]
 
 
-def alertmanager_yaml() -> str:
-    return yaml.safe_dump({"inhibit_rules": alertmanager_rules()}, sort_keys=False,
-                          width=100)
+def alertmanager_yaml(namespace_label: str = ENFORCED_LABEL) -> str:
+    return yaml.safe_dump({"inhibit_rules": alertmanager_rules(namespace_label)},
+                          sort_keys=False, width=100)
 
 
 def _crd_matchers(matchers: tuple[Matcher, ...]) -> list[dict[str, str]]:
     return [{"name": m.label, "value": m.value, "matchType": m.op.value} for m in matchers]
 
 
-def alertmanager_config() -> dict[str, Any]:
+def alertmanager_config(namespace_label: str = ENFORCED_LABEL) -> dict[str, Any]:
     """The prometheus-operator AlertmanagerConfig holding the same rules (no route: it
     only inhibits). No namespace: it is applied where the Alertmanager selects it."""
     return {"apiVersion": "monitoring.coreos.com/v1alpha1", "kind": "AlertmanagerConfig",
@@ -126,7 +141,7 @@ def alertmanager_config() -> dict[str, Any]:
             "spec": {"inhibitRules": [{"sourceMatch": _crd_matchers(rule.source),
                                        "targetMatch": _crd_matchers(rule.target),
                                        "equal": list(rule.equal)}
-                                      for rule in inhibitions()]}}
+                                      for rule in inhibitions(namespace_label)]}}
 
 
 MANIFEST_HEADER = (
@@ -136,8 +151,9 @@ MANIFEST_HEADER = (
     "# Alerts: one page per fault).\n")
 
 
-def render_manifest() -> str:
-    return MANIFEST_HEADER + yaml.safe_dump(alertmanager_config(), sort_keys=False, width=100)
+def render_manifest(namespace_label: str = ENFORCED_LABEL) -> str:
+    return MANIFEST_HEADER + yaml.safe_dump(alertmanager_config(namespace_label),
+                                            sort_keys=False, width=100)
 
 
 def manifest_path() -> Path:
@@ -147,12 +163,29 @@ def manifest_path() -> Path:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Regenerate the Alertmanager inhibitions manifest, once the arguments parse."""
-    argparse.ArgumentParser(
+    parser = argparse.ArgumentParser(
         prog="python -m slopilot.tuner.prometheus.inhibitions",
         description=f"Write the Alertmanager inhibit rules {manifest_path()}, rendered "
-        "from the inhibitions table.").parse_args(argv)
+        "from the inhibitions table.")
+    parser.add_argument(
+        "--namespace-label", default=ENFORCED_LABEL, metavar="LABEL",
+        help="your Prometheus's enforcedNamespaceLabel, compared so that an alert forged "
+        "in another namespace silences nothing (default: %(default)s)")
+    parser.add_argument(
+        "--print", dest="to_stdout", choices=("manifest", "alertmanager.yml"),
+        help="print the AlertmanagerConfig or the plain inhibit_rules instead of writing "
+        "the repository's manifest (for a --namespace-label of your own)")
+    args = parser.parse_args(argv)
+    try:
+        render = alertmanager_yaml if args.to_stdout == "alertmanager.yml" else render_manifest
+        rendered = render(args.namespace_label)
+    except RuleError as e:
+        parser.error(f"--namespace-label: {e}")
+    if args.to_stdout is not None:
+        print(rendered, end="")
+        return 0
     path = manifest_path()
-    path.write_text(render_manifest())
+    path.write_text(rendered)
     print(f"wrote {path}")
     return 0
 
