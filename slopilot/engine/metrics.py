@@ -75,7 +75,7 @@ class EngineMetrics:
         if not model_name:
             raise ValueError("model_name is empty; pass the served model's name")
         for key in info or {}:
-            if key in ("model_name", "version") or not _LABEL_NAME.match(key):
+            if key in ("model_name", "version") or not _LABEL_NAME.fullmatch(key):
                 raise ValueError(f"info label {key!r}: use a Prometheus label name (letters, "
                                  "digits, _) other than model_name and version")
         self.model_name = model_name

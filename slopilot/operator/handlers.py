@@ -308,7 +308,7 @@ def controlling_owner(body: Mapping[str, Any]) -> dict[str, Any] | None:
                 and ref.get("apiVersion") == API_VERSION:
             name = ref.get("name")
             return dict(ref) if isinstance(name, str) and \
-                DNS_1123_SUBDOMAIN.match(name) else None
+                DNS_1123_SUBDOMAIN.fullmatch(name) else None
     return None
 
 

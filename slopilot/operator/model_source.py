@@ -118,7 +118,7 @@ def model_schema(max_ref: int) -> dict[str, Any]:
 
 
 def _sub_path_problem(where: str, value: str) -> str | None:
-    if len(value) > MAX_SUB_PATH or not _SUB_PATH.match(value):
+    if len(value) > MAX_SUB_PATH or not _SUB_PATH.fullmatch(value):
         return (f"{where}={value[:80]!r}: use a relative directory inside the claim, "
                 "segments of letters, digits, '.', '_' and '-' not starting with '.' "
                 f"(no '..', no leading '/'), at most {MAX_SUB_PATH} characters, "
@@ -127,7 +127,7 @@ def _sub_path_problem(where: str, value: str) -> str | None:
 
 
 def _name_problem(where: str, value: str, what: str) -> str | None:
-    if len(value) > MAX_NAME or not _NAME.match(value):
+    if len(value) > MAX_NAME or not _NAME.fullmatch(value):
         return (f"{where}={value[:80]!r}: use the name of a {what} in this namespace "
                 f"(a DNS subdomain: lowercase letters, digits, '-' and '.', at most "
                 f"{MAX_NAME} characters)")
@@ -217,7 +217,7 @@ def parse_token_secret(model: Mapping[str, Any], vllm: bool,
     before = len(problems)
     name = _required_name(fields, where, "name", "Secret", "the token", problems)
     key = _text(fields, where, "key", problems) or DEFAULT_TOKEN_KEY
-    if len(key) > MAX_NAME or not _KEY.match(key):
+    if len(key) > MAX_NAME or not _KEY.fullmatch(key):
         problems.append(f"{where}.key={key[:80]!r}: use a data key of the Secret (letters, "
                         f"digits, '-', '_' and '.', not starting with '.'), e.g. "
                         f"{DEFAULT_TOKEN_KEY}")

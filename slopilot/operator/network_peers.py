@@ -49,7 +49,7 @@ class Peer:
 
     def __post_init__(self) -> None:
         entry = self.entry()
-        if len(self.namespace) > 63 or not DNS_1123_LABEL.match(self.namespace):
+        if len(self.namespace) > 63 or not DNS_1123_LABEL.fullmatch(self.namespace):
             raise PeerError(f"{self.setting} entry {entry[:120]!r}: {self.namespace[:80]!r} "
                             "is not a namespace name (a DNS label: lowercase letters, "
                             "digits and '-'); write namespace or namespace:key=value, "

@@ -105,7 +105,7 @@ nodes from another."""
 def check_dcgm_namespace(value: str) -> str:
     """``value`` if it can name the DCGM exporter's namespace, else a PolicyError with the
     fix. Checked at the start: a typo would otherwise read as no GPU series at all."""
-    if not isinstance(value, str) or len(value) > 63 or not DNS_1123_LABEL.match(value):
+    if not isinstance(value, str) or len(value) > 63 or not DNS_1123_LABEL.fullmatch(value):
         raise PolicyError(f"{DCGM_NAMESPACE_ENV}={str(value)[:80]!r} is not a namespace "
                           "name (a DNS label: at most 63 lowercase letters, digits and "
                           "'-', starting and ending with a letter or digit); set it to "
@@ -263,7 +263,7 @@ class OperatorPolicy:
                                   "class is the cluster's own, and a tenant's pods holding "
                                   "it could preempt cluster-critical ones; the operator "
                                   "never allows it: remove it")
-            if len(entry) > 253 or not DNS_1123_SUBDOMAIN.match(entry):
+            if len(entry) > 253 or not DNS_1123_SUBDOMAIN.fullmatch(entry):
                 raise PolicyError(f"{PRIORITY_CLASSES_ENV} entry {entry[:80]!r}: expected a "
                                   "PriorityClass name (lowercase letters, digits, '-' and "
                                   "'.'), or *")

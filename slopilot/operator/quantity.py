@@ -34,7 +34,7 @@ def _text(value: object) -> str:
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         raise ValueError(f"{value!r} is not a quantity")
     text = str(value)
-    if not QUANTITY.match(text):  # also NaN, Infinity, 1_000: Decimal reads those
+    if not QUANTITY.fullmatch(text):  # also NaN, Infinity, 1_000: Decimal reads those
         raise ValueError(f"{text!r} is not a quantity")
     return text
 
@@ -64,7 +64,7 @@ def canonical(value: object) -> str:
     text, whole = _text(value), amount(value)
     if whole == 0:
         return "0"
-    suffix = QUANTITY.match(text).group(3) or ""  # type: ignore[union-attr]
+    suffix = QUANTITY.fullmatch(text).group(3) or ""  # type: ignore[union-attr]
     # A binary suffix is kept where the amount is whole and at least 1Ki; below, or with
     # a fraction, the amount is shown in decimal (apimachinery: "avoids rounding").
     if suffix.endswith("i") and abs(whole) >= 1024 and whole == whole.to_integral_value():

@@ -133,7 +133,7 @@ def pod_placement(pods: Mapping[str, str], scheduling: Scheduling) -> dict[str, 
 
 def label_key_problem(where: str, key: str) -> str | None:
     prefix, _, _name = key.rpartition("/")
-    if len(key) > MAX_LABEL_KEY or not _LABEL_KEY.match(key) or len(prefix) > 253:
+    if len(key) > MAX_LABEL_KEY or not _LABEL_KEY.fullmatch(key) or len(prefix) > 253:
         return (f"{where}: {key[:80]!r} is not a label key: use an optional DNS prefix and "
                 "'/', then at most 63 letters, digits, '-', '_' or '.', starting and "
                 "ending with a letter or digit, e.g. nvidia.com/gpu.product")
@@ -143,7 +143,7 @@ def label_key_problem(where: str, key: str) -> str | None:
 def label_value_problem(where: str, value: Any) -> str | None:
     if not isinstance(value, str):
         return f"{where}={value!r}: expected a string (quote it: '{value}')"
-    if len(value) > MAX_LABEL_VALUE or not _LABEL_VALUE.match(value):
+    if len(value) > MAX_LABEL_VALUE or not _LABEL_VALUE.fullmatch(value):
         return (f"{where}={value[:80]!r} is not a label value: at most 63 letters, "
                 "digits, '-', '_' or '.', starting and ending with a letter or digit")
     return None
@@ -247,7 +247,7 @@ def parse_scheduling(spec: Mapping[str, Any], problems: list[str]) -> Scheduling
     priority = raw.get("priorityClassName")
     if priority is not None and (not isinstance(priority, str) or not priority
                                  or len(priority) > MAX_PRIORITY_CLASS
-                                 or not DNS_1123_SUBDOMAIN.match(priority)):
+                                 or not DNS_1123_SUBDOMAIN.fullmatch(priority)):
         problems.append(f"{where}.priorityClassName={str(priority)[:80]!r} is not a "
                         "PriorityClass name (lowercase letters, digits, '-' and '.'); name "
                         "one the cluster's administrator allows, or leave it out")

@@ -91,7 +91,7 @@ def name_problem(path: str, value: object) -> str | None:
         return (f"{path}={value!r}: a ConfigMap name only, without a namespace: the twin "
                 "reads ConfigMaps in this LLMDeployment's own namespace, never another's; "
                 "copy the profile into a ConfigMap here")
-    if len(value) > MAX_NAME or not _NAME.match(value):
+    if len(value) > MAX_NAME or not _NAME.fullmatch(value):
         return (f"{path}={value[:80]!r}: not a ConfigMap name (lower-case letters, digits, "
                 f"'-' and '.', at most {MAX_NAME} characters)")
     return None
@@ -100,7 +100,7 @@ def name_problem(path: str, value: object) -> str | None:
 def key_problem(path: str, value: object) -> str | None:
     if not isinstance(value, str) or not value:
         return f"{path}={value!r}: expected a key of the ConfigMap's data, e.g. {DEFAULT_KEY}"
-    if len(value) > MAX_NAME or not _KEY.match(value) or value in (".", ".."):
+    if len(value) > MAX_NAME or not _KEY.fullmatch(value) or value in (".", ".."):
         return (f"{path}={value[:80]!r}: not a ConfigMap key (letters, digits, '-', '_' and "
                 f"'.', at most {MAX_NAME} characters)")
     return None

@@ -59,7 +59,7 @@ def deployment_name_problem(name: str) -> str | None:
     if len(name) > MAX_LABEL:
         return (f"metadata.name={name!r} has {len(name)} characters: it names the "
                 f"Service and label values, which allow {MAX_LABEL}; use a shorter name")
-    if not DNS_1035.match(name):
+    if not DNS_1035.fullmatch(name):
         return (f"metadata.name={name!r}: it names a Service, which needs lowercase "
                 "letters, digits and '-', starting with a letter and ending with a letter "
                 "or digit (no dots); rename the LLMDeployment, e.g. "
@@ -82,7 +82,7 @@ def _suggest(name: str) -> str:
 
 
 def quantity_problem(field: str, value: str) -> str | None:
-    if m := QUANTITY.match(value):
+    if m := QUANTITY.fullmatch(value):
         if value.startswith("-") and float(m.group(1)) != 0:
             # The API server refuses a negative request or limit in the Deployment,
             # after the ConfigMap is written, naming the Deployment's field.
@@ -90,7 +90,7 @@ def quantity_problem(field: str, value: str) -> str | None:
                     "0 or more; write e.g. '16Gi', '500m' or '4'")
         return None
     hint = ""
-    if m := re.match(r"^(\d+(\.\d+)?)([KMGTPE])B$", value):
+    if m := re.fullmatch(r"(\d+(\.\d+)?)([KMGTPE])B", value):
         hint = f" ({m.group(1)}{m.group(3)}i for binary units, {m.group(1)}{m.group(3)} "\
                "for decimal)"
     return (f"{field}={value!r} is not a Kubernetes quantity: write e.g. '16Gi', '500m' "
@@ -140,7 +140,7 @@ def _host_problem(where: str, host: str, *, bracketed: bool) -> str | None:
             return f"{where}: [{host}] is not an IPv6 address"
         return None
     name = host.lower().removesuffix(".")
-    if len(name) > MAX_HOST or not DNS_1123_SUBDOMAIN.match(name) or any(
+    if len(name) > MAX_HOST or not DNS_1123_SUBDOMAIN.fullmatch(name) or any(
             len(label) > MAX_LABEL for label in name.split(".")):
         return (f"{where}: {host!r} is not a host name (dot-separated labels of letters, "
                 "digits and '-', each at most 63) nor an IP address")
@@ -161,7 +161,7 @@ _DOMAIN = r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-
 IMAGE = re.compile(
     rf"^(?:(?P<domain>{_DOMAIN})/)?(?P<path>{_COMPONENT}(?:/{_COMPONENT})*)"
     r"(?P<tag>:[\w][\w.-]{0,127})?(?P<digest>@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z]"
-    r"[A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?$")
+    r"[A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?$", re.ASCII)  # docker's \w: no unicode letter
 
 
 def parse_image(image: str, *, prefix: bool = False) -> ImageRef | None:
@@ -172,7 +172,7 @@ def parse_image(image: str, *, prefix: bool = False) -> ImageRef | None:
     """
     if len(image) > 4096:
         return None
-    m = IMAGE.match(image)
+    m = IMAGE.fullmatch(image)
     if m is None:
         return None
     domain, path = m.group("domain"), m.group("path")

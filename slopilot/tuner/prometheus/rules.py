@@ -96,7 +96,7 @@ _TAKEN_LABELS = frozenset({NAMESPACE_LABEL, DEPLOYMENT_LABEL, "priority_class", 
 
 def check_namespace_label(name: str) -> str:
     """``name`` if it can be the enforced namespace label, else a RuleError saying why."""
-    if not isinstance(name, str) or not _LABEL_NAME.match(name) or name.startswith("__"):
+    if not isinstance(name, str) or not _LABEL_NAME.fullmatch(name) or name.startswith("__"):
         raise RuleError(f"namespace label {str(name)[:60]!r} is not a Prometheus label "
                         "name; use the Prometheus's enforcedNamespaceLabel, e.g. namespace")
     if name in _TAKEN_LABELS:
@@ -125,7 +125,7 @@ def render_selector(labels: Mapping[str, str]) -> str:
     """``{a="x",b="y"}`` from a label map, names checked and values escaped."""
     parts = []
     for name, value in labels.items():
-        if not _LABEL_NAME.match(name):
+        if not _LABEL_NAME.fullmatch(name):
             raise RuleError(f"selector label {name!r} is not a Prometheus label name; "
                             "use letters, digits and underscores, not starting with a digit")
         parts.append(f'{name}="{_escape(str(value))}"')
