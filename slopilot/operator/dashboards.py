@@ -9,7 +9,10 @@ rules of
 ``slopilot.tuner.prometheus.rules`` for goodput, and the tuner/kube series listed in
 ``EXTERNAL_METRICS``. Every series is selected by ``slopilot_namespace`` and
 ``slopilot_deployment``, the labels the scrape configuration puts on each engine pod's
-series (a deployment is its namespace and name: ``chat`` in two namespaces is two).
+series (a deployment is its namespace and name: ``chat`` in two namespaces is two), and
+by the Prometheus's enforced namespace label (``ENFORCED_LABEL``), which no tenant can
+write: the chosen namespace, or the operator's (``$operator_namespace``) for the
+operator's own series, or none (a Prometheus that stamps nothing).
 
 The SLO lines are the chosen deployment's own: each is a query of the target its rules
 record (``tuner/prometheus/objectives``), drawn dashed, so one dashboard serves a strict
@@ -66,13 +69,35 @@ from slopilot.tuner.prometheus.rules import (
     NAMESPACE_LABEL,
     REPLICA_LABEL,
     LatencySources,
+    RuleError,
+    check_namespace_label,
     latency_quantile,
 )
 
 UID = "slopilot-overview"
 VLLM_UID = "slopilot-overview-vllm"
 DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
-SEL = f'{NAMESPACE_LABEL}=~"$namespace",{DEPLOYMENT_LABEL}=~"$deployment"'
+ENFORCED_LABEL = "namespace"
+"""The label the Prometheus stamps with the namespace of the monitor or rule a series came
+from, which no tenant can write (prometheus-operator's ``enforcedNamespaceLabel``, the
+operator's ``SLOPILOT_NAMESPACE_LABEL``; both default to it in ``manifests/``); another is
+``build_dashboard(namespace_label=...)``, ``--namespace-label``."""
+OPERATOR_NAMESPACE = "slopilot-system"
+"""The default of the ``$operator_namespace`` variable: the manifests' namespace."""
+_TENANT_GUARD = f'{ENFORCED_LABEL}=~"$namespace|"'
+_OPERATOR_GUARD = f'{ENFORCED_LABEL}=~"$operator_namespace|"'
+# The slopilot_* labels alone are a tenant's to write: their own ServiceMonitor,
+# PodMonitor or rule in team-evil can put slopilot_namespace="team-b" on a series. The
+# enforced label (team-evil there) must say the chosen namespace too, or be absent (a
+# Prometheus without the enforcement: it guards nothing there, and draws as before; under
+# it, no tenant's series lacks the label). Exact for one namespace chosen: with several,
+# a tenant among them can draw under another chosen one's name.
+SEL = (f'{NAMESPACE_LABEL}=~"$namespace",{DEPLOYMENT_LABEL}=~"$deployment",'
+       f"{_TENANT_GUARD}")
+OP_SEL = (f'{NAMESPACE_LABEL}=~"$namespace",{DEPLOYMENT_LABEL}=~"$deployment",'
+          f"{_OPERATOR_GUARD}")
+"""The operator's own series (tuner, replicas, twin), scraped from its pod: the enforced
+label is the operator's namespace, never a tenant's."""
 RATE = "$__rate_interval"
 WHOSE = f"{{{{{NAMESPACE_LABEL}}}}}/{{{{{DEPLOYMENT_LABEL}}}}}"
 """A legend's deployment: several may be chosen at once."""
@@ -391,7 +416,7 @@ def _tuning_panels(vllm: bool) -> list[Any]:
     return [
         *panels,
         _series("Replicas", [
-            _query(f"max(slopilot_replicas{{{SEL}}})", "desired"),
+            _query(f"max(slopilot_replicas{{{OP_SEL}}})", "desired"),
             _query('sum(kube_deployment_status_replicas{namespace=~"$namespace",'
                    'deployment=~"$deployment"})',
                    "kube"),
@@ -401,9 +426,9 @@ def _tuning_panels(vllm: bool) -> list[Any]:
                    "scraped engines")],
             unit="short", width=12),
         _series("Tuner trials and actions", [
-            _query(f"sum by (state) (increase(slopilot_tuner_trials_total{{{SEL}}}[{RATE}]))",
+            _query(f"sum by (state) (increase(slopilot_tuner_trials_total{{{OP_SEL}}}[{RATE}]))",
                    "trials {{state}}"),
-            _query(f"sum by (action) (increase(slopilot_tuner_actions_total{{{SEL}}}[{RATE}]))",
+            _query(f"sum by (action) (increase(slopilot_tuner_actions_total{{{OP_SEL}}}[{RATE}]))",
                    "action {{action}}")], unit="short", width=12),
     ]
 
@@ -411,17 +436,17 @@ def _tuning_panels(vllm: bool) -> list[Any]:
 def _twin_panels() -> list[Any]:
     return [
         _series("Twin error and trust", [
-            _query(f'max by (quantity) (slopilot_twin_error{{{SEL},quantity=~"step_time.*"}})',
+            _query(f'max by (quantity) (slopilot_twin_error{{{OP_SEL},quantity=~"step_time.*"}})',
                    "{{quantity}}"),
-            _query(f'max by (quantity) (slopilot_twin_error{{{SEL},priority_class="p0"}})',
+            _query(f'max by (quantity) (slopilot_twin_error{{{OP_SEL},priority_class="p0"}})',
                    "P0 {{quantity}}"),
-            _query(f"min(slopilot_twin_trusted{{{SEL}}})", "trusted (100% = yes)")],
+            _query(f"min(slopilot_twin_trusted{{{OP_SEL}}})", "trusted (100% = yes)")],
             unit="percentunit", width=12, description="The controller's last check of its "
             "twin against a measured window: (predicted - measured) / measured step time, "
             "as calibrated and after the live correction, and the P0 p99s; trusted is 1 "
             "while warm starts and capacity plans come from the twin (docs/twin.md)."),
         _series("What the twin's correction learned", [
-            _query(f"max by (feature) (slopilot_twin_correction_factor{{{SEL}}})",
+            _query(f"max by (feature) (slopilot_twin_correction_factor{{{OP_SEL}}})",
                    "{{feature}}")],
             unit="short", width=12, description="Per cost-model feature, the factor the "
             "live correction put on the calibrated profile's coefficient (1: as "
@@ -445,10 +470,16 @@ _ANNOTATION_EXTRAS = {
 }
 
 
-def build_dashboard(*, latency: LatencySources = BUILTIN_LATENCY) -> dict[str, Any]:
+def build_dashboard(*, latency: LatencySources = BUILTIN_LATENCY,
+                    namespace_label: str = ENFORCED_LABEL) -> dict[str, Any]:
     """The overview dashboard as a JSON-ready dict: TTFT and TBT from ``latency`` (the
     backend's, ``service_monitor.latency_sources``), the SLO lines from the chosen
-    deployment's recorded objectives."""
+    deployment's recorded objectives, every series matched on ``namespace_label`` (the
+    Prometheus's enforced namespace label) as well."""
+    try:
+        check_namespace_label(namespace_label)
+    except RuleError as e:
+        raise ValueError(f"namespace_label={namespace_label!r}: {e}") from None
     vllm = latency != BUILTIN_LATENCY
     builder = (
         dash.Dashboard("slopilot overview (vLLM)" if vllm else "slopilot overview")
@@ -466,14 +497,21 @@ def build_dashboard(*, latency: LatencySources = BUILTIN_LATENCY) -> dict[str, A
         .with_variable(dash.QueryVariable("deployment").label("Deployment")
                        .datasource(DATASOURCE)
                        .query(f'label_values(vllm:num_requests_running{{{NAMESPACE_LABEL}'
-                              f'=~"$namespace"}}, {DEPLOYMENT_LABEL})')
+                              f'=~"$namespace",{_TENANT_GUARD}}}, {DEPLOYMENT_LABEL})')
                        .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
                        .multi(True).include_all(True).all_value(".*"))
+        # Typed, not listed from the series: a list would offer any namespace a tenant's
+        # monitor names, and the operator's is the administrator's to know.
+        .with_variable(dash.TextBoxVariable("operator_namespace").label("Operator namespace")
+                       .description("The namespace the slopilot operator runs in: the "
+                                    "Tuning and Twin rows read its series only from "
+                                    "there.")
+                       .default_value(OPERATOR_NAMESPACE))
         .annotation(_annotation(
             "Tuner actions",
-            f"changes(slopilot_tuner_actions_total{{{SEL}}}[1m]) > 0", "orange"))
+            f"changes(slopilot_tuner_actions_total{{{OP_SEL}}}[1m]) > 0", "orange"))
         .annotation(_annotation(
-            "Tuner trials", f"changes(slopilot_tuner_trials_total{{{SEL}}}[1m]) > 0", "blue"))
+            "Tuner trials", f"changes(slopilot_tuner_trials_total{{{OP_SEL}}}[1m]) > 0", "blue"))
         .annotation(_annotation(
             "Alerts", f'ALERTS{{alertstate="firing",{SEL}}}', "red")))
     sections: list[tuple[str, list[Any]]] = [
@@ -490,11 +528,30 @@ def build_dashboard(*, latency: LatencySources = BUILTIN_LATENCY) -> dict[str, A
     data: dict[str, Any] = json.loads(json.dumps(builder.build(), cls=JSONEncoder))
     for ann in data["annotations"]["list"]:
         ann.update(_ANNOTATION_EXTRAS.get(ann["name"], {}))
+    if namespace_label != ENFORCED_LABEL:
+        data = _renamed(data, {g: g.replace(ENFORCED_LABEL, namespace_label, 1)
+                               for g in (_TENANT_GUARD, _OPERATOR_GUARD)})
     return data
 
 
-def render_dashboard(*, latency: LatencySources = BUILTIN_LATENCY) -> str:
-    return json.dumps(build_dashboard(latency=latency), indent=2, sort_keys=True) + "\n"
+def _renamed(node: Any, guards: dict[str, str]) -> Any:
+    """``node`` with each guard matcher (only those: ``namespace`` is kube-state-metrics'
+    own label too) written for another enforced label."""
+    if isinstance(node, str):
+        for old, new in guards.items():
+            node = node.replace(old, new)
+        return node
+    if isinstance(node, dict):
+        return {k: _renamed(v, guards) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_renamed(v, guards) for v in node]
+    return node
+
+
+def render_dashboard(*, latency: LatencySources = BUILTIN_LATENCY,
+                     namespace_label: str = ENFORCED_LABEL) -> str:
+    return json.dumps(build_dashboard(latency=latency, namespace_label=namespace_label),
+                      indent=2, sort_keys=True) + "\n"
 
 
 def dashboard_path() -> Path:
@@ -508,17 +565,27 @@ def vllm_dashboard_path() -> Path:
 def main(argv: Sequence[str] | None = None) -> int:
     """Regenerate both checked-in dashboards; the arguments are parsed first, so
     ``--help`` or a wrong one writes nothing."""
-    argparse.ArgumentParser(
+    parser = argparse.ArgumentParser(
         prog="python -m slopilot.operator.dashboards",
         description=f"Write the Grafana dashboards {dashboard_path().name} (built-in "
         f"engine) and {vllm_dashboard_path().name} (vLLM) under "
-        f"{dashboard_path().parent}, rendered from the alert table.").parse_args(argv)
+        f"{dashboard_path().parent}, rendered from the alert table.")
+    parser.add_argument("--namespace-label", default=ENFORCED_LABEL,
+                        help="the Prometheus's enforcedNamespaceLabel (the operator's "
+                        "SLOPILOT_NAMESPACE_LABEL), which every query matches as well "
+                        f"(default: {ENFORCED_LABEL}, the checked-in files')")
+    args = parser.parse_args(argv)
+    try:
+        check_namespace_label(args.namespace_label)
+    except RuleError as e:
+        parser.error(f"--namespace-label {args.namespace_label!r}: {e}")
     from slopilot.tuner.prometheus.rules import VLLM_LATENCY
 
     for path, latency in ((dashboard_path(), BUILTIN_LATENCY),
                           (vllm_dashboard_path(), VLLM_LATENCY)):
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(render_dashboard(latency=latency))
+        path.write_text(render_dashboard(latency=latency,
+                                         namespace_label=args.namespace_label))
         print(f"wrote {path}")
     return 0
 

@@ -31,7 +31,7 @@ from tests.support.prometheus import PrometheusBinaries, PrometheusServer, promt
 # Every vector selector the generators write has braces: a name right before '{'.
 _SELECTED = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\{")
 _TEMPLATE = {"$__rate_interval": "1m", "$__interval": "15s", "$namespace": "team-a",
-             "$deployment": "example"}
+             "$deployment": "example", "$operator_namespace": "slopilot-system"}
 
 
 def _panels(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
