@@ -14,16 +14,19 @@
 Series are keyed by namespace and name, as the rules are: one operator runs the
 controllers of ``chat`` in ``team-a`` and in ``team-b`` side by side. (``namespace`` itself
 is taken: Prometheus puts the operator pod's namespace there.) ``reason`` is a short token
-(the first word of a decision's reason), so the label's values stay few.
+(the first word of a decision's reason, "other" for a figure: ``reason_token``), so the
+label's values stay few: the loop's tests write 25 action/reason pairs in all.
 """
 
 from __future__ import annotations
 
 import copy
 import re
+from collections.abc import Iterable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.samples import Sample
 
 from slopilot.tuner.loop.decision import Action, TrialOutcome
 from slopilot.tuner.loop.state import ControllerState
@@ -31,11 +34,31 @@ from slopilot.tuner.loop.twin_check import TwinCheck
 from slopilot.tuner.prometheus.rules import DEPLOYMENT_LABEL, NAMESPACE_LABEL
 
 _TOKEN = re.compile(r"[a-z0-9_]+")
+_TOKEN_MAX = 40
 
 
 def reason_token(reason: str) -> str:
+    """The first word of ``reason``, the label value of the action's series: a word the
+    controller writes (alert, trial, scale_up, ...). A first word with a digit (a count,
+    a trial's number) or longer than any such word is "other", so no figure or name
+    written first ever makes a series per value."""
     match = _TOKEN.match(reason.lower())
-    return match.group(0) if match else "other"
+    word = match.group(0) if match else ""
+    if not word or len(word) > _TOKEN_MAX or any(c.isdigit() for c in word):
+        return "other"
+    return word
+
+
+class _Counter(Counter):
+    """A Counter without its ``_created`` sample. One operator serves every tuned
+    deployment's series from one page, and the page's samples are what its scrape limit
+    is sized from (docs/operations.md, "Scrape limits"): a ``_created`` per counter
+    series doubled the counters, and no rule, dashboard or read uses it.
+    prometheus_client's own switch (``disable_created_metrics``) is process-wide: it
+    would change the engine's exposition too where both run in one process."""
+
+    def _child_samples(self) -> Iterable[Sample]:
+        return [s for s in super()._child_samples() if s.name != "_created"]
 
 
 class TunerMetrics:
@@ -59,9 +82,9 @@ class TunerMetrics:
             self._labels.append((metric, names))
             return metric
 
-        self.trials: Counter = series(Counter, "slopilot_tuner_trials",
+        self.trials: Counter = series(_Counter, "slopilot_tuner_trials",
                                       "Tuner trials by outcome.", "state")
-        self.actions: Counter = series(Counter, "slopilot_tuner_actions",
+        self.actions: Counter = series(_Counter, "slopilot_tuner_actions",
                                        "Controller actions.", "action", "reason")
         self.replicas: Gauge = series(Gauge, "slopilot_replicas",
                                       "Replicas the controller asked for.")
