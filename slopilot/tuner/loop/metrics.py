@@ -15,7 +15,7 @@ Series are keyed by namespace and name, as the rules are: one operator runs the
 controllers of ``chat`` in ``team-a`` and in ``team-b`` side by side. (``namespace`` itself
 is taken: Prometheus puts the operator pod's namespace there.) ``reason`` is a short token
 (the first word of a decision's reason, "other" for a figure: ``reason_token``), so the
-label's values stay few: the loop's tests write 25 action/reason pairs in all.
+label's values stay few.
 """
 
 from __future__ import annotations
