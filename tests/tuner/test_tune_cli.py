@@ -494,3 +494,32 @@ def test_the_reproduce_and_check_lines_carry_a_given_dispatch() -> None:
         assert argv[argv.index("--dispatch") + 1] == "least_requests"
     again = settings_from(parser.parse_args(shlex.split(tune_command(given))[1:]))
     assert again.scenario.dispatch is Dispatch.LEAST_REQUESTS
+
+
+@pytest.mark.parametrize("scale", [["--target-rate", "3.5"], ["--time-scale", "0.125"]])
+def test_the_reproduce_and_check_lines_carry_every_trace_flag(tmp_path: Path,
+                                                              scale: list[str]) -> None:
+    """Each ``TraceOptions`` field, set, comes back from both printed lines: a check that
+    left out ``--trace-model`` replayed every model's rows and judged another workload."""
+    import dataclasses
+    import shlex
+
+    from slopilot.cli import build_parser
+    from slopilot.engine.sim.trace_flags import trace_options
+    from slopilot.tuner.tune.settings import check_command, settings_from, tune_command
+
+    trace = tmp_path / "burst.csv"
+    trace.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+                     + "".join(f"{i * 0.5},{'GPT-4' if i % 3 else 'ChatGPT'},{100 + i},20,"
+                               f"{120 + i},Conversation log\n" for i in range(60)))
+    parser = build_parser()
+    first = settings_from(parser.parse_args([
+        "tune", "--trace", str(trace), "--trace-format", "burstgpt", "--trace-model",
+        "GPT-4", "--trace-window", "1.5:20.25", *scale, "--classes", "p0=0.25,p1=0.75"]))
+    # Every field but the other of the two scales (one excludes the other).
+    unset = {f.name for f in dataclasses.fields(first.trace)
+             if getattr(first.trace, f.name) is None}
+    assert unset == {"time_scale", "target_rate"} - {scale[0][2:].replace("-", "_")}, unset
+    for line in (tune_command(first), check_command(first, {}, 1)):
+        again = trace_options(parser.parse_args(shlex.split(line)[1:]))
+        assert again == first.trace, line

@@ -261,6 +261,8 @@ def _workload_flags(s: TuneSettings) -> list[str]:
         out += ["--trace", t.path]
     if t.fmt is not None:
         out += ["--trace-format", t.fmt]
+    if t.model is not None:
+        out += ["--trace-model", t.model]
     if t.start_s is not None or t.end_s is not None:
         lo = "" if t.start_s is None else _exact(t.start_s)
         hi = "" if t.end_s is None else _exact(t.end_s)
