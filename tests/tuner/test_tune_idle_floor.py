@@ -68,3 +68,18 @@ def test_a_term_its_prefill_binds_is_said_to_hold_on_no_replica_count(
     assert floor["class"] == "p0" and floor["binds"] is True
     assert f"{floor['ttft_ms']:.0f} ms" in verdict and f"{floor['prompt_tokens']:,}" in verdict
     assert "--max-replicas" not in verdict
+
+
+@pytest.mark.parametrize(("ttft_ms", "says_needed"), [(96.0, True), (135.0, False)])
+def test_a_floor_under_its_limit_says_what_the_verdict_needs(ttft_ms: float,
+                                                            says_needed: bool) -> None:
+    """A floor at 96 % of a 100 ms limit binds through the verdict's headroom, not the
+    limit: "cannot fall below 96 ms (96 % of its 100 ms limit)" read as if it held, so
+    the text names the 90 ms a verdict asks for."""
+    from slopilot.tuner.tune.idle_floor import IdleFloor
+
+    floor = IdleFloor(cls="p0", prompt_tokens=4000, prompt_tokens_above=4100,
+                      ttft_ms=ttft_ms, limit_ms=100.0, requests=300)
+    assert floor.binds
+    assert ("a verdict holds it only under 90 ms" in floor.text()) is says_needed, \
+        floor.text()
