@@ -364,3 +364,37 @@ def test_a_model_that_is_not_there_is_said_to_be_missing_first(
     err = capsys.readouterr().err
     assert f"--model {missing}: no such model directory or name" in err, err
     assert "calibrate" not in err and "tiny-random" in err  # the names it takes
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("sig", "said"), [("SIGINT", "Ctrl-C"), ("SIGTERM", "SIGTERM")])
+def test_a_demo_stopped_mid_run_writes_the_report_of_the_run_so_far(
+        tmp_path: Path, sig: str, said: str) -> None:
+    """Ctrl-C or SIGTERM mid-run (a real signal, sent once the loop has ticked) stops the
+    replicas and still writes the report and the timeline of what ran, said to be cut
+    short; it used to exit with nothing written."""
+    import os
+    import signal
+
+    from rich.console import Console
+
+    from slopilot.tuner.local.demo import run_demo
+
+    ticks: list[float] = []
+
+    def stop(result: object, dep: object) -> bool:
+        ticks.append(1.0)
+        if len(ticks) == 2:
+            os.kill(os.getpid(), getattr(signal, sig))
+        return False
+
+    report_dir = tmp_path / "report"
+    before = signal.getsignal(signal.SIGTERM)
+    opts = DemoOptions(prometheus=False, duration_s=60, report_dir=report_dir, until=stop)
+    result = run_demo(opts, Console(quiet=True))
+    assert signal.getsignal(signal.SIGTERM) == before  # the handler put back
+    assert result.stopped_at_s is not None and result.stopped_by == said
+    assert len(ticks) == 2
+    report = (report_dir / "report.md").read_text()
+    assert (report_dir / "timeline.png").is_file()
+    assert f"STOPPED by {said}" in report, report

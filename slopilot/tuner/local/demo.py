@@ -65,6 +65,7 @@ from slopilot.tuner.study.live import ResumableTuner
 from slopilot.tuner.study.plot_subject import PlotSubject
 from slopilot.tuner.study.space import SearchSpace
 from slopilot.tuner.study.storage import SEED_MAX, open_study
+from slopilot.tuner.tune.stop import Terminated, stops_raise
 
 NAME = "demo"
 # Seconds where production has minutes (the sustained-breach window: 5 rate windows).
@@ -327,6 +328,14 @@ class _Sources:
 
 
 def run_demo(opts: DemoOptions, console: Console) -> DemoResult:
+    """The demo's run; Ctrl-C or SIGTERM during its loop ends the loop and the report of
+    the run so far is written (``DemoResult.stopped_by``); before the loop it raises
+    (KeyboardInterrupt, or ``Terminated``), the replicas stopped on its way out."""
+    with stops_raise():
+        return _run_demo(opts, console)
+
+
+def _run_demo(opts: DemoOptions, console: Console) -> DemoResult:
     import optuna
 
     # The demo prints its own story; Optuna's per-study INFO lines would interleave it.
@@ -458,31 +467,40 @@ def _control_loop(opts: DemoOptions, ctl: Controller, dep: LocalDeployment,
     shifted, t0, clock = False, say.t0, say.clock
     busy = False
     next_tick = clock()
-    while (now := clock()) - t0 < opts.duration_s:
-        if not shifted and now - t0 >= opts.shift_s:
-            shifted = True
-            load.set_phase(after)
-            say(f"SHIFT: prompts ~{after.prompt_mean:g} tokens, P0 {after.classes['p0']:.0%}")
-        d = ctl.tick(now)
-        at = say.elapsed()
-        story.alerts_now(recorded.current, at)
-        story.decided(d, ctl, at)
-        end = clock()
-        summary = None
-        with contextlib.suppress(WindowRejected, PrometheusUnavailable):
-            summary = timeline.measure(end - RULES.rate_window_s, end, canary=False)
-        story.window(summary, recorded.current, end - RULES.rate_window_s - t0, end - t0)
-        interval = machine.sample(end - t0)
-        if interval is not None and interval.busy != busy:
-            busy = interval.busy
-            say(("MACHINE busy: " if busy else "MACHINE quiet again: ") + interval.describe(),
-                at=end - t0)
-        samples.append(_sample(end - t0, summary, dep, ctl))
-        if opts.until is not None and opts.until(result, dep):
-            say("stopping early: the caller's condition holds")
-            break
-        next_tick += opts.tick_s
-        time.sleep(max(0.0, next_tick - clock()))
+    # Ctrl-C or SIGTERM mid-run stops the loop, not the demo: the replicas still stop and
+    # the report of the run so far is still written (a user who stopped a long run had
+    # nothing to read). Before the loop there is nothing to report: it goes on up.
+    try:
+        while (now := clock()) - t0 < opts.duration_s:
+            if not shifted and now - t0 >= opts.shift_s:
+                shifted = True
+                load.set_phase(after)
+                say(f"SHIFT: prompts ~{after.prompt_mean:g} tokens, P0 {after.classes['p0']:.0%}")
+            d = ctl.tick(now)
+            at = say.elapsed()
+            story.alerts_now(recorded.current, at)
+            story.decided(d, ctl, at)
+            end = clock()
+            summary = None
+            with contextlib.suppress(WindowRejected, PrometheusUnavailable):
+                summary = timeline.measure(end - RULES.rate_window_s, end, canary=False)
+            story.window(summary, recorded.current, end - RULES.rate_window_s - t0, end - t0)
+            interval = machine.sample(end - t0)
+            if interval is not None and interval.busy != busy:
+                busy = interval.busy
+                say(("MACHINE busy: " if busy else "MACHINE quiet again: ") + interval.describe(),
+                    at=end - t0)
+            samples.append(_sample(end - t0, summary, dep, ctl))
+            if opts.until is not None and opts.until(result, dep):
+                say("stopping early: the caller's condition holds")
+                break
+            next_tick += opts.tick_s
+            time.sleep(max(0.0, next_tick - clock()))
+    except (KeyboardInterrupt, Terminated) as stop:
+        result.stopped_at_s = say.elapsed()
+        result.stopped_by = "SIGTERM" if isinstance(stop, Terminated) else "Ctrl-C"
+        say(f"STOPPED ({result.stopped_by}): the replicas stop, and the report holds the run "
+            "so far; a second stop ends without it")
     story.finish(say.elapsed(), machine.busy_spans())
     return samples
 

@@ -231,6 +231,9 @@ def happened(result: DemoResult, tuner: Tuner, rule: str) -> list[str]:
     study's best trial, shown next, need not be), how the verdicts were judged, and the
     machine's load."""
     lines = ["## What happened", ""]
+    if result.stopped_at_s is not None:
+        lines += [f"STOPPED by {result.stopped_by} at t+{result.stopped_at_s:.1f}s: what "
+                  "follows is the run up to then.", ""]
     if result.episodes:
         lines += [f"- {e.describe()}" for e in result.episodes] + [""]
         lines.append(ended_on(result)[:1].upper() + ended_on(result)[1:] + ".")

@@ -55,6 +55,11 @@ class DemoResult:
     machine: list[str] = field(default_factory=list)
     """What the machine's load was during the run, in lines (``machine_load.py``)."""
     machine_busy: bool = False
+    stopped_at_s: float | None = None
+    """When Ctrl-C or SIGTERM stopped the loop (seconds into the run); None: it ran its
+    course."""
+    stopped_by: str = ""
+    """``Ctrl-C`` or ``SIGTERM``, where it was stopped."""
 
     def committed(self) -> tuple[Episode, dict[str, Any]] | None:
         """The last commit's episode and config: what the replicas ended on, unless a
@@ -74,6 +79,9 @@ def summary_lines(result: DemoResult) -> list[str]:
     episodes = (_plural(len(result.episodes), "episode") if result.episodes
                 else "no episode (no trial, commit or scale)")
     lines = [f"summary: {episodes}, {_plural(result.trials, 'trial')}; report {result.report}"]
+    if result.stopped_at_s is not None:
+        lines.append(f"  stopped by {result.stopped_by} at t+{result.stopped_at_s:.1f}s: the "
+                     "run up to then")
     lines += [f"  {e.describe()}" for e in result.episodes]
     if result.episodes:
         lines.append(f"  {ended_on(result)}")
