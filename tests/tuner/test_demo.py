@@ -394,7 +394,61 @@ def test_a_demo_stopped_mid_run_writes_the_report_of_the_run_so_far(
     result = run_demo(opts, Console(quiet=True))
     assert signal.getsignal(signal.SIGTERM) == before  # the handler put back
     assert result.stopped_at_s is not None and result.stopped_by == said
-    assert len(ticks) == 2
+    assert result.report_written and len(ticks) == 2
     report = (report_dir / "report.md").read_text()
     assert (report_dir / "timeline.png").is_file()
     assert f"STOPPED by {said}" in report, report
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signals", [1, 2])
+def test_a_stop_once_the_loop_is_over_waits_for_the_report_and_a_second_ends_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, signals: int) -> None:
+    """A SIGTERM while the report is written (the loop run out) lost a report all but
+    written; now the first is recorded and the report written, a second ends the run."""
+    import os
+    import signal
+
+    from rich.console import Console
+
+    from slopilot.tuner.local import demo
+
+    real = demo.write_demo_report
+
+    def terminated_while_writing(*args: object, **kwargs: object) -> Path:
+        for _ in range(signals):
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(demo, "write_demo_report", terminated_while_writing)
+    report_dir = tmp_path / "report"
+    opts = DemoOptions(prometheus=False, duration_s=60, report_dir=report_dir,
+                       until=lambda result, dep: True)
+    result = demo.run_demo(opts, Console(quiet=True))
+    assert result.stopped_by == "SIGTERM" and result.stopped_at_s is None
+    assert result.report_written is (signals == 1)
+    assert (report_dir / "report.md").is_file() is (signals == 1)
+
+
+def test_a_stop_while_the_demo_starts_ends_it_without_a_report(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+    import signal
+
+    from rich.console import Console
+
+    from slopilot.tuner.local import demo
+    from slopilot.tuner.local.demo_story import summary_lines
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+        raise AssertionError("the stop should have ended the start")
+
+    monkeypatch.setattr(demo, "_start_replicas", interrupted)
+    report_dir = tmp_path / "report"
+    result = demo.run_demo(DemoOptions(prometheus=False, duration_s=60,
+                                       report_dir=report_dir), Console(quiet=True))
+    assert result.stopped_by == "Ctrl-C" and not result.report_written
+    assert not (report_dir / "report.md").exists()
+    assert summary_lines(result) == [
+        "stopped by Ctrl-C before the report was written: no report"]

@@ -50,8 +50,8 @@ def _demo(args: argparse.Namespace) -> int:
         run_demo,
         twin_scenario,
     )
+    from slopilot.tuner.local.demo_stops import exit_code
     from slopilot.tuner.local.demo_story import summary_lines
-    from slopilot.tuner.tune.stop import EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated
 
     executor = args.executor or ("torch" if args.model is not None else "simulated")
     given = {k: v for k, v in (("replicas", args.replicas), ("max_replicas", args.max_replicas),
@@ -75,12 +75,8 @@ def _demo(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"slopilot demo: {exc}", file=sys.stderr)
         return 2
-    try:
-        result = run_demo(opts, Console())
-    except Terminated:  # before the loop began: nothing ran to report
-        print("slopilot demo: stopped by SIGTERM before the loop began; no report",
-              file=sys.stderr)
-        return EXIT_TERMINATED
-    print("\n".join(summary_lines(result)))
+    result = run_demo(opts, Console())
+    print("\n".join(summary_lines(result)),
+          file=sys.stdout if result.report_written else sys.stderr)
     # As a stopped command exits (a supervisor reads it), though the report was written.
-    return {"": 0, "Ctrl-C": EXIT_INTERRUPTED}.get(result.stopped_by, EXIT_TERMINATED)
+    return exit_code(result.stopped_by)

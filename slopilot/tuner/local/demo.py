@@ -34,6 +34,7 @@ from slopilot.engine.sim.twin import twin_label
 from slopilot.engine.window_summary import WindowSummary
 from slopilot.tuner.local.demo_files import RUN_FOLDER, check_demo_files
 from slopilot.tuner.local.demo_report import Sample, TrialMark, write_demo_report
+from slopilot.tuner.local.demo_stops import DemoStops, StopPhase, stop_name
 from slopilot.tuner.local.demo_story import DemoResult, Narrator, RecordingAlerts, Story, p99s
 from slopilot.tuner.local.deployment import LocalDeployment
 from slopilot.tuner.local.loadgen import LoadGenerator, Phase
@@ -65,7 +66,7 @@ from slopilot.tuner.study.live import ResumableTuner
 from slopilot.tuner.study.plot_subject import PlotSubject
 from slopilot.tuner.study.space import SearchSpace
 from slopilot.tuner.study.storage import SEED_MAX, open_study
-from slopilot.tuner.tune.stop import Terminated, stops_raise
+from slopilot.tuner.tune.stop import Terminated
 
 NAME = "demo"
 # Seconds where production has minutes (the sustained-breach window: 5 rate windows).
@@ -328,14 +329,23 @@ class _Sources:
 
 
 def run_demo(opts: DemoOptions, console: Console) -> DemoResult:
-    """The demo's run; Ctrl-C or SIGTERM during its loop ends the loop and the report of
-    the run so far is written (``DemoResult.stopped_by``); before the loop it raises
-    (KeyboardInterrupt, or ``Terminated``), the replicas stopped on its way out."""
-    with stops_raise():
-        return _run_demo(opts, console)
+    """The demo's run. Ctrl-C or SIGTERM (``demo_stops.py``) during its loop ends the
+    loop and the report of the run so far is written; while it starts, or a second time
+    while it finishes, it ends the run without a report. Either way it returns, with
+    ``stopped_by`` and ``report_written`` saying which; the replicas are stopped."""
+    result = DemoResult(report=opts.report_dir / "report.md")
+    with DemoStops() as stops:
+        try:
+            _run_demo(opts, console, result, stops)
+        except (KeyboardInterrupt, Terminated) as stop:
+            result.stopped_by = result.stopped_by or stop_name(stop)
+            return result
+    result.stopped_by = result.stopped_by or stops.first
+    return result
 
 
-def _run_demo(opts: DemoOptions, console: Console) -> DemoResult:
+def _run_demo(opts: DemoOptions, console: Console, result: DemoResult,
+              stops: DemoStops) -> None:
     import optuna
 
     # The demo prints its own story; Optuna's per-study INFO lines would interleave it.
@@ -344,7 +354,6 @@ def _run_demo(opts: DemoOptions, console: Console) -> DemoResult:
     scenario = load_scenario(opts.scenario_name)
     twin = twin_scenario(scenario, opts)
     work = make_report_dir(opts.report_dir)
-    result = DemoResult(report=opts.report_dir / "report.md")
     say = Narrator(console, result.lines)
     machine = MachineLoad(os.getpid())
     with contextlib.ExitStack() as stack:
@@ -363,8 +372,10 @@ def _run_demo(opts: DemoOptions, console: Console) -> DemoResult:
                                                  timeout_s=300.0 if opts.torch else 60.0))
         say(f"load: Poisson {before.rate:g} req/s, prompts ~{before.prompt_mean:g} tokens, "
             f"P0 {before.classes['p0']:.0%}; the shift comes at t+{opts.shift_s:g}s")
+        stops.phase = StopPhase.LOOP
         samples = _control_loop(opts, ctl, dep, recorded, sources.timeline, load, after, say,
                                 result, machine)
+        stops.finishing()
         load.stop()
         say(f"load stopped: {load.sent} sent: {load.ok} ok, {load.failed} failed, "
             f"{load.dropped} dropped at the concurrency limit, {load.cancelled} still "
@@ -374,8 +385,8 @@ def _run_demo(opts: DemoOptions, console: Console) -> DemoResult:
                       shift_at_s=opts.shift_s, twin=result.twin,
                       subject=PlotSubject.of(twin, run=run_label(opts, started)),
                       result=result, rule=restore_rule(), busy=machine.busy_spans())
+    result.report_written = True
     say(f"report written: {result.report} (timeline: {opts.report_dir / 'timeline.png'})")
-    return result
 
 
 def _start_replicas(opts: DemoOptions, scenario: Scenario, twin: Scenario, work: Path,
@@ -498,9 +509,9 @@ def _control_loop(opts: DemoOptions, ctl: Controller, dep: LocalDeployment,
             time.sleep(max(0.0, next_tick - clock()))
     except (KeyboardInterrupt, Terminated) as stop:
         result.stopped_at_s = say.elapsed()
-        result.stopped_by = "SIGTERM" if isinstance(stop, Terminated) else "Ctrl-C"
-        say(f"STOPPED ({result.stopped_by}): the replicas stop, and the report holds the run "
-            "so far; a second stop ends without it")
+        result.stopped_by = stop_name(stop)
+        say(f"STOPPED ({result.stopped_by}): the replicas stop, and the report of the run "
+            "so far is written; a second stop ends without it")
     story.finish(say.elapsed(), machine.busy_spans())
     return samples
 

@@ -59,7 +59,8 @@ class DemoResult:
     """When Ctrl-C or SIGTERM stopped the loop (seconds into the run); None: it ran its
     course."""
     stopped_by: str = ""
-    """``Ctrl-C`` or ``SIGTERM``, where it was stopped."""
+    """``Ctrl-C`` or ``SIGTERM``, where one came (``demo_stops.py``); empty: none."""
+    report_written: bool = False
 
     def committed(self) -> tuple[Episode, dict[str, Any]] | None:
         """The last commit's episode and config: what the replicas ended on, unless a
@@ -78,10 +79,16 @@ def summary_lines(result: DemoResult) -> list[str]:
     """The command's closing summary: each episode on its own line, as printed."""
     episodes = (_plural(len(result.episodes), "episode") if result.episodes
                 else "no episode (no trial, commit or scale)")
+    if not result.report_written:
+        return [f"stopped by {result.stopped_by or 'an error'} before the report was written: "
+                f"no report"]
     lines = [f"summary: {episodes}, {_plural(result.trials, 'trial')}; report {result.report}"]
     if result.stopped_at_s is not None:
         lines.append(f"  stopped by {result.stopped_by} at t+{result.stopped_at_s:.1f}s: the "
                      "run up to then")
+    elif result.stopped_by:
+        lines.append(f"  stopped by {result.stopped_by} once the run was over: the report "
+                     "was written first")
     lines += [f"  {e.describe()}" for e in result.episodes]
     if result.episodes:
         lines.append(f"  {ended_on(result)}")
