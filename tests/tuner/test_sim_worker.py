@@ -260,3 +260,16 @@ def test_the_study_and_the_planner_pass_their_queue_limit(tmp_path: pathlib.Path
         a.finish()
     with pytest.raises(ValueError, match="queue_timeout_s"):
         WorkerPlanner(SimWorker.__new__(SimWorker), queue_timeout_s=-1)
+
+
+def test_a_ctrl_c_at_the_terminal_leaves_the_worker_to_its_parent() -> None:
+    """A terminal's Ctrl-C reaches its whole process group: the worker died with a
+    KeyboardInterrupt traceback on the demo's stderr and its call failed, where the
+    demo meant to finish its report. Its parent stops it (or its death does)."""
+    import os
+    import signal
+
+    with SimWorker() as worker:
+        pid = worker.call(os.getpid)
+        os.kill(pid, signal.SIGINT)
+        assert worker.call(os.getpid) == pid  # the same process, alive, answering

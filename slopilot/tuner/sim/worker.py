@@ -44,6 +44,7 @@ import logging
 import multiprocessing
 import os
 import resource
+import signal
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -87,6 +88,10 @@ class SimTimeout(TimeoutError):
 
 def _init_worker(level: int, memory_limit_mb: int | None) -> None:
     _exit_with_parent()
+    # A terminal's Ctrl-C reaches the whole process group: the worker died of it mid-call
+    # with a traceback, while its parent meant to finish (the demo writes its report).
+    # Its parent stops it, or the parent's death does.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     # A spawned process starts with logging unconfigured: the offline study's findings
     # would be lost and Optuna's per-study INFO lines would reach the user's terminal.
     logging.basicConfig(level=level, format="%(levelname)s:%(name)s:%(message)s")
