@@ -493,7 +493,10 @@ def build_dashboard(*, latency: LatencySources = BUILTIN_LATENCY,
                        .datasource(DATASOURCE)
                        .query(f"label_values(vllm:num_requests_running, {NAMESPACE_LABEL})")
                        .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
-                       .multi(True).include_all(True).all_value(".*"))
+                       # All is the namespaces listed, not ".*": that made the guard
+                       # (namespace=~"$namespace|") match every namespace, and Grafana
+                       # opens a multi-value variable on All.
+                       .multi(True).include_all(True))
         .with_variable(dash.QueryVariable("deployment").label("Deployment")
                        .datasource(DATASOURCE)
                        .query(f'label_values(vllm:num_requests_running{{{NAMESPACE_LABEL}'

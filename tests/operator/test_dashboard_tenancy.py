@@ -144,3 +144,12 @@ def test_the_enforced_label_is_the_one_the_dashboard_is_generated_for() -> None:
     assert 'kube_deployment_status_replicas{namespace=~\\"$namespace\\"' in text
     with pytest.raises(ValueError, match="namespace_label"):
         build_dashboard(namespace_label="slopilot_namespace")
+
+
+@pytest.mark.parametrize("latency", [BUILTIN_LATENCY, VLLM_LATENCY], ids=["builtin", "vllm"])
+def test_all_namespaces_is_the_namespaces_listed_not_every_one(latency: LatencySources) -> None:
+    """Grafana opens a multi-value variable on All; an All of ".*" made the guard
+    ``namespace=~"$namespace|"`` match every namespace, one with no deployment too."""
+    variables = build_dashboard(latency=latency)["templating"]["list"]
+    namespace = next(v for v in variables if v["name"] == "namespace")
+    assert namespace.get("includeAll") is True and "allValue" not in namespace
