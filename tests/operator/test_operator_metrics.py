@@ -63,3 +63,14 @@ def test_the_manifest_serves_and_announces_the_endpoint() -> None:
     assert endpoint["port"] == "metrics" and endpoint["honorLabels"] is True
     assert monitor["spec"]["selector"]["matchLabels"].items() \
         <= pod["metadata"]["labels"].items()
+
+
+def test_the_podmonitors_suggested_sample_limit_is_a_spec_field_once_uncommented() -> None:
+    """The PodMonitor's own limit is ``spec.sampleLimit`` (prometheus-operator's
+    PodMonitorSpec); the suggestion sat on the endpoint, where an administrator who
+    uncommented it set no limit at all (or had the apply refused)."""
+    text = (MANIFESTS / "monitoring" / "operator-podmonitor.yaml").read_text()
+    assert text.count("# sampleLimit:") == 1
+    monitor = yaml.safe_load(text.replace("# sampleLimit:", "sampleLimit:"))
+    assert monitor["spec"]["sampleLimit"] == 64000
+    assert all("sampleLimit" not in e for e in monitor["spec"]["podMetricsEndpoints"])
