@@ -51,9 +51,10 @@ LATENCY_ALERTS = tuple(AlertName(name) for name, figure in VALUE_FIGURE.items()
 DEPLOYMENT = (NAMESPACE_LABEL, DEPLOYMENT_LABEL)
 ENFORCED_LABEL = "namespace"
 """The namespace label the rules compare unless told another: prometheus-operator's
-usual ``enforcedNamespaceLabel``. Compared where no Prometheus enforces one too: no
-slopilot alert then carries it (the rules aggregate it away), and a label absent from
-both alerts is equal."""
+usual ``enforcedNamespaceLabel``. Compared where no Prometheus enforces one too: a
+deployment's alerts then all carry the same value of it (the operator's
+``SLOPILOT_NAMESPACE_LABEL`` stamps the rules with their namespace) or none (the rules
+aggregate it away, and a label absent from both alerts is equal)."""
 
 
 class MatchType(enum.StrEnum):

@@ -35,6 +35,7 @@ from slopilot.engine.sim.trace import TraceRecord, TraceWorkload
 from slopilot.engine.sim.twin import servable_tokens_for
 from slopilot.engine.sim.workload_spec import TraceSpec
 from slopilot.engine.slo import SLOSpec
+from slopilot.tuner.study.objective import HEADROOM
 
 FLOOR_SHARE = 0.9
 """The share of its limit from which a class's idle floor says no replica count holds
@@ -82,8 +83,8 @@ class IdleFloor:
                    f"{self.prompt_tokens:,} and {self.prompt_tokens_above:,} tokens")
         # Under the limit it binds through the headroom: said bare, "96 ms of its 100 ms
         # limit" read as a term that holds.
-        needs = (f"; a verdict holds it only under {FLOOR_SHARE * self.limit_ms:.0f} ms, "
-                 f"the limit less its {1 - FLOOR_SHARE:.0%} headroom"
+        needs = (f"; a verdict holds it only under {(1 - HEADROOM) * self.limit_ms:.0f} ms, "
+                 f"the limit less its {HEADROOM:.0%} headroom"
                  if self.share < 1.0 else "")
         return (f"{self.cls.upper()} TTFT p99 cannot fall below {self.ttft_ms:.0f} ms "
                 f"({self.share:.0%} of its {self.limit_ms:.0f} ms limit{needs}): its P99 "
