@@ -12,6 +12,7 @@ import datetime
 import math
 import re
 
+from slopilot.engine.request import Priority
 from slopilot.engine.sim.quote import excerpt
 
 # Azure's names too, read in any order beside other columns: a slice of Azure's trace
@@ -176,6 +177,33 @@ def token_count(value: object, label: str, line: int, name: str, *, lo: int) -> 
                          "tokens, longer than any model's context; check that the column "
                          "holds a length in tokens")
     return number
+
+
+def trace_class(value: object, label: str, line: int, name: str) -> Priority:
+    """A row's class (``p0``, ``1``, ``realtime``...), a whole float taken as its number:
+    pandas writes a column of classes ``1.0`` once it held a NaN, as it writes a length
+    ``374.0``, which ``token_count`` reads."""
+    number: float | None = None
+    if isinstance(value, float) and math.isfinite(value):
+        number = value
+    elif isinstance(value, str) and _PLAIN_NUMBER.fullmatch(value.strip()):
+        number = float(value.strip())
+    if number is not None and math.isfinite(number):
+        if not number.is_integer():
+            down = math.floor(number)
+            near = [str(n) for n in (down, down + 1) if n in (0, 1, 2)]
+            if near:
+                raise TraceError(f"{label}:{line}: {name}={excerpt(value)} is not a whole "
+                                 f"class; round it ({' or '.join(near)}), or give p0, p1 "
+                                 "or p2")
+        elif number in (0, 1, 2):
+            return Priority(int(number))
+    try:
+        return Priority.parse(value)
+    except ValueError as e:
+        # Priority.parse names "priority" itself; another column's name is said too.
+        field = "" if name.strip().lower() == "priority" else f"{name}: "
+        raise TraceError(f"{label}:{line}: {field}{e}") from None
 
 
 def _whole(value: float) -> tuple[int | None, float | None]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import math
 import re
 import shlex
@@ -29,10 +30,21 @@ import numpy as np
 from slopilot.engine.json_keys import DuplicateKey, loads_unique
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.quote import excerpt
-from slopilot.engine.sim.trace_fields import Clock, TraceError, canonical, token_count
+from slopilot.engine.sim.trace_fields import (
+    Clock,
+    TraceError,
+    canonical,
+    token_count,
+    trace_class,
+)
+
+log = logging.getLogger(__name__)
 
 _AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 CSV_COLUMNS = ("arrival_time", "prompt_tokens", "output_tokens")
+CSV_OPTIONAL = ("class", "session_id")
+"""Read where a CSV has them, whatever its form (Azure's and BurstGPT's headers too): a
+class beside Azure's exact header was left unread, and P0 rows replayed as P1."""
 BURSTGPT_COLUMNS = ("Timestamp", "Model", "Request tokens", "Response tokens", "Total tokens",
                     "Log Type")
 FORMATS = ("csv", "azure-csv", "burstgpt", "jsonl", "mooncake")
@@ -68,36 +80,55 @@ a row, was 180 MB over 5M rows), for an error that names a row once they are sor
 
 
 def parse_csv(text: str, label: str, lines: Lines | None = None) -> list[TraceRecord]:
-    """Either CSV form, told apart by the header row; each record's line appended to
-    ``lines``."""
+    """A CSV trace, Azure's header read as aliases of the generic names; each record's
+    line appended to ``lines``."""
     refuse_empty(text, label, f"{','.join(CSV_COLUMNS)}[,class] (or Azure's "
                               f"{','.join(_AZURE_COLUMNS)})")
     rows = numbered_rows(text, label)
     header = next(rows, (1, None))[1]
-    if header is not None and tuple(h.strip() for h in header[:3]) == _AZURE_COLUMNS:
-        return parse_azure(text, label, lines)
     other = ("; this is BurstGPT's header: give --trace-format burstgpt, or leave it out"
              if is_burstgpt_header(header) else "")
-    table = CsvTable.of(rows, header, label, required=CSV_COLUMNS, optional=("class",),
+    return _generic_records(rows, header, label, lines, other)
+
+
+def _generic_records(rows: Iterator[tuple[int, list[str]]], header: list[str] | None,
+                     label: str, lines: Lines | None, other: str = "") -> list[TraceRecord]:
+    """The records under ``header``: the generic CSV's columns, Azure's names among their
+    aliases, so that a class beside either header is read alike."""
+    table = CsvTable.of(rows, header, label, required=CSV_COLUMNS, optional=CSV_OPTIONAL,
                         canonical=canonical,
                         form=f"a CSV trace starts with {','.join(CSV_COLUMNS)}[,class] (or "
                              f"Azure's {','.join(_AZURE_COLUMNS)}){other}")
     records = []
     clock = Clock(label)
+    sessions: dict[object, int] = {}
+    # Looked up once, not per row: a million rows' lookups were seconds.
+    at, said = table.column["arrival_time"], table.said("arrival_time")
+    session_at, has_class = table.column.get("session_id"), table.has("class")
     for line, row in table.rows():
-        priority = None
-        if table.has("class") and table.field(row, "class").strip():
-            try:
-                priority = Priority.parse(table.field(row, "class").strip())
-            except ValueError as e:
-                raise TraceError(f"{label}:{line}: class: {e}") from None
+        session = None
+        if session_at is not None and (given := row[session_at].strip()):
+            session = sessions.setdefault(_csv_session_key(given), len(sessions))
         records.append(TraceRecord(
-            clock.read(table.field(row, "arrival_time"), line, table.said("arrival_time")),
+            clock.read(row[at], line, said),
             table.count(row, "prompt_tokens", line), table.count(row, "output_tokens", line),
-            priority))
+            table.priority(row, line) if has_class else None, session))
         if lines is not None:
             lines.append(line)
-    return records
+    return _in_sessions(records, lines, len(sessions))
+
+
+def _csv_session_key(text: str) -> object:
+    """A CSV's session id as a key: a number's value (``1`` and ``1.0`` one session, as
+    pandas writes an id column ``1.0`` once it held a NaN, and as a JSONL row's), else
+    the text."""
+    if not text.isascii() or "_" in text:  # float() takes "1_0" and other scripts' digits
+        return text
+    try:
+        number = float(text)
+    except ValueError:
+        return text
+    return number if math.isfinite(number) and text.lstrip("+-")[:1].isdigit() else text
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,9 +150,13 @@ class CsvTable:
     @classmethod
     def of(cls, numbered: Iterator[tuple[int, list[str]]], header: list[str] | None,
            label: str, *, required: tuple[str, ...], optional: tuple[str, ...] = (),
-           canonical: Callable[[str], str], form: str) -> CsvTable:
+           canonical: Callable[[str], str], form: str,
+           unread: tuple[str, ...] = ()) -> CsvTable:
         """The table under ``header``; ``form`` says what such a CSV starts with when the
-        header lacks a ``required`` column."""
+        header lacks a ``required`` column. A column none of ``required``, ``optional``
+        and ``unread`` (a format's own columns, documented as not read) names is warned
+        of, once: left unread silently, a class column beside Azure's header replayed
+        its P0 rows as P1."""
         names = [canonical(h) for h in header or ()]
         missing = [c for c in required if canonical(c) not in names]
         if missing:
@@ -141,13 +176,19 @@ class CsvTable:
                     f"{excerpt(header[at[1]].strip())}); keep one")
         column = {canonical(n): names.index(canonical(n))
                   for n in (*required, *optional) if canonical(n) in names}
+        _warn_unread(header, names, {canonical(n) for n in (*required, *optional, *unread)},
+                     label, (*required, *optional))
         return cls(label, len(names), ",".join(h.strip() for h in header), column,
                    {name: header[i].strip() for name, i in column.items()}, numbered)
 
     def rows(self) -> Iterator[tuple[int, list[str]]]:
-        """Each row that is not blank, with its line, checked against the header's width."""
+        """Each row that is not blank, with its line, checked against the header's width;
+        the blank ones (no value in any field: ``,,``) are counted, and the count logged
+        once they are all read."""
+        blank: list[int] = []
         for line, row in self.numbered:
             if not row or not "".join(row).strip():
+                blank.append(line)
                 continue
             if ",".join(f.strip() for f in row) == self.shown:
                 refuse_repeated_header(self.label, line)
@@ -156,6 +197,18 @@ class CsvTable:
                                  f"({excerpt(self.shown)}), got {len(row)}: {excerpt(row)}")
             refuse_wide(row, self.width, self.label, line)
             yield line, row
+        if blank:
+            log.warning("%s: skipped %s blank row%s (no value in any field; the first on "
+                        "line %d)", self.label, f"{len(blank):,}",
+                        "" if len(blank) == 1 else "s", blank[0])
+
+    def priority(self, row: list[str], line: int) -> Priority | None:
+        """The row's class, None where the header has no class column or the field is
+        empty (``--classes`` decides)."""
+        if not self.has("class") or not self.field(row, "class").strip():
+            return None
+        return trace_class(self.field(row, "class").strip(), self.label, line,
+                           self.said("class"))
 
     def has(self, name: str) -> bool:
         return name in self.column
@@ -169,6 +222,17 @@ class CsvTable:
     def count(self, row: list[str], name: str, line: int, *, lo: int = 1) -> int:
         """The column's token count, its errors naming the column as the header does."""
         return token_count(self.field(row, name), self.label, line, self.said(name), lo=lo)
+
+
+def _warn_unread(header: list[str], names: list[str], known: set[str], label: str,
+                 read: tuple[str, ...]) -> None:
+    unread = [excerpt(header[i].strip()) if header[i].strip() else
+              f"column {i + 1} (unnamed: pandas' index?)"
+              for i, name in enumerate(names) if name not in known]
+    if unread:
+        log.warning("%s: %d column%s not read: %s; a CSV trace reads %s (docs/traces.md): "
+                    "rename a column meant as one of them", label, len(unread),
+                    "" if len(unread) == 1 else "s", ", ".join(unread), ", ".join(read))
 
 
 def refuse_repeated_header(label: str, line: int) -> None:
@@ -263,7 +327,8 @@ def numbered_rows(text: str, label: str) -> Iterator[tuple[int, list[str]]]:
                     raise TraceError(
                     f'{label}:{start}: a quote (") opened on this line is never closed, '
                     "so the rest of the file reads as one field; close it or remove it")
-        yield reader.line_num, row
+        # The row's first line: a quoted field over several lines was told at its last.
+        yield start, row
 
 
 def excel_separator(row: list[str]) -> str | None:
@@ -307,24 +372,7 @@ def parse_azure(text: str, label: str, lines: Lines | None = None) -> list[Trace
     if header is None or tuple(h.strip() for h in header[:3]) != _AZURE_COLUMNS:
         raise TraceError(f"{label}:1: expected the header {','.join(_AZURE_COLUMNS)}, "
                          f"got {excerpt(header)}")
-    records = []
-    clock = Clock(label)
-    for line, row in rows:
-        if not row or not "".join(row).strip():
-            continue
-        if len(row) < 3:
-            raise TraceError(f"{label}:{line}: expected 3 columns "
-                             f"({','.join(_AZURE_COLUMNS)}), got {len(row)}: {excerpt(row)}")
-        if tuple(h.strip() for h in row[:3]) == _AZURE_COLUMNS:
-            refuse_repeated_header(label, line)
-        refuse_wide(row, len(header), label, line)
-        t = clock.read(row[0], line, "TIMESTAMP")
-        prompt = token_count(row[1], label, line, "ContextTokens", lo=1)
-        output = token_count(row[2], label, line, "GeneratedTokens", lo=1)
-        records.append(TraceRecord(t, prompt, output))
-        if lines is not None:
-            lines.append(line)
-    return records
+    return _generic_records(rows, header, label, lines)
 
 
 def json_objects(text: str, label: str) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -405,12 +453,7 @@ def parse_jsonl(text: str, label: str, lines: Lines | None = None) -> list[Trace
                              f"({excerpt(obj['class'])}, {excerpt(obj['priority'])}); "
                              "give one")
         if given:
-            try:
-                priority = Priority.parse(obj[given[0]])
-            except ValueError as e:
-                # Priority.parse names "priority" itself; "class" is said, as in a CSV.
-                field = "class: " if given[0] == "class" else ""
-                raise TraceError(f"{label}:{line}: {field}{e}") from None
+            priority = trace_class(obj[given[0]], label, line, given[0])
         session = None
         if obj.get("session_id") is not None:
             # A string or a number names a session; numbered in order of first appearance.
@@ -419,6 +462,13 @@ def parse_jsonl(text: str, label: str, lines: Lines | None = None) -> list[Trace
         records.append(TraceRecord(t, prompt, output, priority, session))
         if lines is not None:
             lines.append(line)
+    return _in_sessions(records, lines, len(sessions))
+
+
+def _in_sessions(records: list[TraceRecord], lines: Lines | None,
+                 sessions: int) -> list[TraceRecord]:
+    """``records`` as read where none names a session; else in arrival order (their
+    ``lines`` too), as ``_conversations``."""
     if not sessions:
         return records
     if lines is not None:
@@ -426,7 +476,7 @@ def parse_jsonl(text: str, label: str, lines: Lines | None = None) -> list[Trace
         arrivals = np.fromiter((r.arrival_time for r in records), np.float64, len(records))
         order = np.argsort(arrivals, kind="stable")
         lines[:] = array(lines.typecode, np.asarray(lines)[order].tobytes())
-    return _conversations(records, len(sessions))
+    return _conversations(records, sessions)
 
 
 def _conversations(records: list[TraceRecord], next_id: int) -> list[TraceRecord]:

@@ -24,6 +24,7 @@ from slopilot.engine.sim.quote import excerpt
 from slopilot.engine.sim.trace_fields import DATES, Clock, TraceError, token_count, trace_time
 from slopilot.engine.sim.trace_formats import (
     BURSTGPT_COLUMNS,
+    CSV_OPTIONAL,
     CsvTable,
     Lines,
     TraceRecord,
@@ -43,6 +44,8 @@ conversation trace (~300,000), while a gigabyte of ids, allowed by the file size
 would be ~6 GB in memory."""
 _BLOCK_ID_LIMIT = 2**63
 _BURSTGPT_REQUIRED = ("Timestamp", "Request tokens", "Response tokens")
+_BURSTGPT_UNREAD = ("Total tokens", "Log Type")
+"""BurstGPT's own columns, documented as not read (docs/traces.md): no warning."""
 _BURSTGPT_FORM = f"BurstGPT's CSV has {','.join(BURSTGPT_COLUMNS)}"
 _SHOWN_MODELS = 8
 
@@ -53,8 +56,9 @@ def parse_burstgpt(text: str, label: str, lines: Lines | None = None, *,
     refuse_empty(text, label, ",".join(BURSTGPT_COLUMNS))
     rows = numbered_rows(text, label)
     header = next(rows, (1, None))[1]
-    table = CsvTable.of(rows, header, label, required=_BURSTGPT_REQUIRED, optional=("Model",),
-                        canonical=_lower, form=_BURSTGPT_FORM)
+    table = CsvTable.of(rows, header, label, required=_BURSTGPT_REQUIRED,
+                        optional=("Model", *CSV_OPTIONAL), canonical=_lower,
+                        form=_BURSTGPT_FORM, unread=_BURSTGPT_UNREAD)
     if model is not None and not table.has("model"):
         raise TraceError(f"{label}:1: the header {excerpt(table.shown)} has no Model column "
                          f"to pick {excerpt(model)} by; leave the model filter out")
@@ -72,7 +76,8 @@ def parse_burstgpt(text: str, label: str, lines: Lines | None = None, *,
             failed.append(line)
             continue
         t = clock.read(table.field(row, "timestamp"), line, table.said("timestamp"))
-        records.append(TraceRecord(t, table.count(row, "request tokens", line), output))
+        records.append(TraceRecord(t, table.count(row, "request tokens", line), output,
+                                   table.priority(row, line)))
         if lines is not None:
             lines.append(line)
     if model is not None and not records and not failed:
@@ -103,7 +108,8 @@ def _not_ascii(name: str) -> str:
 
 
 def _lower(column: str) -> str:
-    return column.strip().lower()
+    name = column.strip().lower()
+    return "class" if name == "priority" else name  # as the generic CSV's alias
 
 
 def parse_mooncake(text: str, label: str, lines: Lines | None = None) -> list[TraceRecord]:

@@ -338,7 +338,8 @@ def test_only_newlines_end_a_row(tmp_path: Path, name: str, text: str) -> None:
 
 def test_a_quoted_field_across_lines_is_not_glued_into_a_number(tmp_path: Path) -> None:
     path = write(tmp_path, "q.csv", 'arrival_time,prompt_tokens,output_tokens\n"0","1\n00",10\n')
-    with pytest.raises(TraceError, match=r"q\.csv:3: prompt_tokens='1\\n00' must be a whole"):
+    # Told at the row's first line, where it starts.
+    with pytest.raises(TraceError, match=r"q\.csv:2: prompt_tokens='1\\n00' must be a whole"):
         read_trace(path)
 
 

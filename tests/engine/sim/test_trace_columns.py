@@ -1,0 +1,126 @@
+"""Every column of a CSV trace is read or named: a class beside Azure's or BurstGPT's
+exact header, a column no format reads, a row of only empty fields; and a class given as
+pandas writes a whole number once its column held a NaN (``1.0``)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from slopilot.engine.request import Priority
+from slopilot.engine.sim.trace import TraceError, read_trace
+
+LOGGERS = ("slopilot.engine.sim.trace_formats", "slopilot.engine.sim.trace_public")
+
+
+def _write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("header, fmt", [
+    # Azure's exact header went to Azure's own reader, which read its three columns only.
+    ("TIMESTAMP,ContextTokens,GeneratedTokens,class", None),
+    ("TIMESTAMP,ContextTokens,GeneratedTokens,class", "csv"),
+    ("TIMESTAMP,ContextTokens,GeneratedTokens,priority", "azure-csv"),
+    # BurstGPT's header with a class column beside it.
+    ("Timestamp,Request tokens,Response tokens,class", None),
+    ("Timestamp,Request tokens,Response tokens,Priority", "burstgpt"),
+])
+def test_a_class_beside_a_public_header_is_read(tmp_path: Path, header: str,
+                                                fmt: str | None) -> None:
+    path = _write(tmp_path, "t.csv", f"{header}\n0,100,10,p0\n1,100,10,p2\n2,100,10,\n")
+    assert [r.priority for r in read_trace(path, fmt=fmt)] == [Priority.P0, Priority.P2, None]
+
+
+@pytest.mark.parametrize("header, fmt", [
+    ("arrival_time,prompt_tokens,output_tokens,user,tenant", None),
+    ("TIMESTAMP,ContextTokens,GeneratedTokens,user,tenant", None),
+    ("TIMESTAMP,ContextTokens,GeneratedTokens,user,tenant", "azure-csv"),
+    ("Timestamp,Model,Request tokens,Response tokens,user,tenant", None),
+])
+def test_a_column_no_format_reads_is_named_once(tmp_path: Path, header: str, fmt: str | None,
+                                               caplog: pytest.LogCaptureFixture) -> None:
+    n = header.count(",") - 4
+    rows = "".join(f"{i},{'m,' * n}100,10,a,b\n" for i in range(3))
+    path = _write(tmp_path, "t.csv", f"{header}\n{rows}")
+    with caplog.at_level(logging.WARNING):
+        assert len(read_trace(path, fmt=fmt)) == 3
+    said = [r.getMessage() for r in caplog.records if r.name in LOGGERS]
+    assert len(said) == 1, said
+    assert "t.csv: 2 columns not read: 'user', 'tenant'" in said[0]
+
+
+def test_known_columns_raise_no_warning(tmp_path: Path,
+                                        caplog: pytest.LogCaptureFixture) -> None:
+    # BurstGPT's own columns are documented as unread: no warning for its own file.
+    path = _write(tmp_path, "b.csv", "Timestamp,Model,Request tokens,Response tokens,"
+                  "Total tokens,Log Type\n5,ChatGPT,472,18,490,Conversation log\n")
+    other = _write(tmp_path, "a.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n0,5,5\n")
+    with caplog.at_level(logging.WARNING):
+        read_trace(path)
+        read_trace(other)
+    assert [r for r in caplog.records if r.name in LOGGERS] == []
+
+
+@pytest.mark.parametrize("value, expected", [
+    ("1.0", Priority.P1), ("2.0", Priority.P2), ("0e0", Priority.P0), ("+0.0", Priority.P0)])
+def test_a_whole_float_is_a_class_as_it_is_a_length(tmp_path: Path, value: str,
+                                                    expected: Priority) -> None:
+    # pandas writes a class column of numbers as 1.0 once it held a NaN, as it does a
+    # length (374.0), which is read.
+    path = _write(tmp_path, "c.csv", "arrival_time,prompt_tokens,output_tokens,priority\n"
+                  f"0,100,10,{value}\n")
+    assert read_trace(path)[0].priority == expected
+    path = _write(tmp_path, "c.jsonl", '{"arrival_time": 0, "prompt_tokens": 5, '
+                  f'"output_tokens": 5, "priority": {float(value)}}}\n')
+    assert read_trace(path)[0].priority == expected
+
+
+def test_a_fractional_class_is_refused_with_both_roundings(tmp_path: Path) -> None:
+    path = _write(tmp_path, "c.csv", "arrival_time,prompt_tokens,output_tokens,priority\n"
+                  "0,100,10,1.5\n")
+    with pytest.raises(TraceError, match=r"c\.csv:2: priority='1\.5' is not a whole class; "
+                       r"round it \(1 or 2\)"):
+        read_trace(path)
+    path = _write(tmp_path, "c.jsonl",
+                  '{"arrival_time": 0, "prompt_tokens": 5, "output_tokens": 5, "class": 0.5}\n')
+    with pytest.raises(TraceError, match=r"c\.jsonl:1: class=0\.5 is not a whole class; "
+                       r"round it \(0 or 1\)"):
+        read_trace(path)
+
+
+def test_blank_rows_are_skipped_and_counted(tmp_path: Path,
+                                            caplog: pytest.LogCaptureFixture) -> None:
+    path = _write(tmp_path, "q.csv", "arrival_time,prompt_tokens,output_tokens\n"
+                  "0,100,10\n,,\n2,100,10\n , ,\n3,100,10\n")
+    with caplog.at_level(logging.WARNING):
+        assert len(read_trace(path)) == 3
+    said = [r.getMessage() for r in caplog.records if r.name in LOGGERS]
+    assert said == [f"{path}: skipped 2 blank rows (no value in any field; the first on "
+                    "line 3)"]
+
+
+def test_a_row_across_lines_is_told_at_its_first_line(tmp_path: Path) -> None:
+    path = _write(tmp_path, "q.csv", 'arrival_time,prompt_tokens,output_tokens\n0,100,10\n'
+                  '1,"10\n0",10\n2,100,10\n')
+    with pytest.raises(TraceError, match=r"q\.csv:3: prompt_tokens='10\\n0' must be a whole"):
+        read_trace(path)
+
+
+def test_a_csvs_sessions_are_read_as_a_jsonl_rows_are(tmp_path: Path) -> None:
+    # A session_id column in a CSV was left unread: its turns shared no prefix.
+    path = _write(tmp_path, "s.csv", "arrival_time,prompt_tokens,output_tokens,session_id\n"
+                  "0,100,5,1\n1,30,1,\n2,150,6,1.0\n3,40,2,alice\n4,80,2,alice\n")
+    rows = [{"arrival_time": 0, "prompt_tokens": 100, "output_tokens": 5, "session_id": 1},
+            {"arrival_time": 1, "prompt_tokens": 30, "output_tokens": 1},
+            {"arrival_time": 2, "prompt_tokens": 150, "output_tokens": 6, "session_id": 1.0},
+            {"arrival_time": 3, "prompt_tokens": 40, "output_tokens": 2, "session_id": "alice"},
+            {"arrival_time": 4, "prompt_tokens": 80, "output_tokens": 2, "session_id": "alice"}]
+    other = _write(tmp_path, "s.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    assert [r.session_id for r in read_trace(path)] == [0, None, 0, 1, 1]
+    assert read_trace(path) == read_trace(other)
