@@ -38,3 +38,40 @@ def test_a_verdict_on_enough_requests_says_nothing_of_it(
     out = _tune(trace, capsys)
     assert "requests in" not in str(out["verdict"]), out["verdict"]
     assert out["warnings"] == []
+
+
+def _thin_trace(path: Path) -> Path:
+    """200 requests over 2 days: a trace of milliseconds (2.9 minutes) read as seconds."""
+    path.write_text("arrival_time,prompt_tokens,output_tokens\n" + "".join(
+        f"{i * 864},100,10\n" for i in range(201)))
+    return path
+
+
+def test_a_verdict_on_a_thin_trace_names_its_span_and_rate(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # A reviewer's trace of millisecond offsets read as seconds (1,530 requests over 8.6
+    # days) "held" with a "few requests" note only, nothing tying it to the time unit.
+    out = _tune(_thin_trace(tmp_path / "ms.csv"), capsys)
+    said = ("201 requests over 2.0 days (172,800 s) at 0.0012 req/s, under one request a "
+            "60 s window on average")
+    assert said in str(out["verdict"]), out["verdict"]
+    assert "if its times are milliseconds, give --time-scale 0.001" in str(out["verdict"])
+    assert any(said in str(w) for w in out["warnings"]), out["warnings"]  # type: ignore[attr-defined]
+    # At the scale it names, the trace is busy enough: nothing is said.
+    assert main(["tune", "--trace", str(tmp_path / "ms.csv"), "--time-scale", "0.001",
+                 "--trials", "1", "--max-replicas", "1", "--json", "--quiet"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert "req/s, under one request" not in str(out["verdict"]), out["verdict"]
+
+
+def test_simulate_names_a_thin_traces_span_and_rate(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = _thin_trace(tmp_path / "ms.csv")
+    assert main(["simulate", "--trace", str(trace), "--quiet", "--json"]) == 0
+    err = capsys.readouterr().err
+    assert ("slopilot simulate: warning: the replayed trace is 201 requests over 2.0 days "
+            "(172,800 s) at 0.0012 req/s") in err, err
+    # A target rate is the user's pace: no time unit to suggest.
+    assert main(["simulate", "--trace", str(trace), "--target-rate", "0.001", "--quiet",
+                 "--json"]) == 0
+    assert "--time-scale" not in capsys.readouterr().err

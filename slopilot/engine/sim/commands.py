@@ -86,7 +86,8 @@ def _simulate(args: argparse.Namespace) -> int:
         print_summary(run.summary, scenario.slo)
     config = scenario.engine_config().with_overrides(overrides)
     # After the figures, as the profile's warnings: they qualify what the table says.
-    for warning in (_too_long(scenario, config, run.summary), _cut(args, scenario)):
+    for warning in (_too_long(scenario, config, run.summary), _cut(args, scenario),
+                    _thin(scenario)):
         if warning is not None:
             print(f"slopilot simulate: warning: {warning}", file=sys.stderr)
     if watch is not None and scenario.profile is not None:
@@ -113,6 +114,19 @@ def _too_long(scenario: Any, config: Any, summary: Any) -> str | None:
     limit, _ = servable_limit(scenario, config)
     counted = of_summary(summary, limit)
     return counted.text() if counted is not None and counted.warns else None
+
+
+def _thin(scenario: Any) -> str | None:
+    """The replay's span and rate in words where it averages under one request a
+    minute (``trace_pace.py``)."""
+    from slopilot.engine.sim.trace_pace import thin
+    from slopilot.engine.sim.workload_spec import TraceSpec
+
+    spec = scenario.workload
+    if not isinstance(spec, TraceSpec):
+        return None
+    out = thin(spec, spec.records())
+    return None if out is None else out.text()
 
 
 def _cut(args: argparse.Namespace, scenario: Any) -> str | None:

@@ -31,6 +31,7 @@ from slopilot.tuner.tune.settings import (
     check_command,
     cut_warning,
     settings_from,
+    thin_warning,
     tune_command,
     warmup_warning,
 )
@@ -108,7 +109,8 @@ def run(s: TuneSettings) -> TuneOutcome:
     study = open_study(s.storage, s.study_name, sampler=s.sampler, seed=s.seed)
     # Before any trial: a resumed study's trials must have been run under these settings.
     too_long = s.too_long.text() if s.too_long is not None and s.too_long.warns else None
-    warnings = tuple(w for w in (too_long, cut_warning(s), warmup_warning(s, plan),
+    thin = thin_warning(s, plan)
+    warnings = tuple(w for w in (too_long, cut_warning(s), warmup_warning(s, plan), thin,
                                  check_or_record(study, s, plan)) if w is not None)
     for warning in warnings:
         # Before the study, and whatever --quiet says: it may be worth stopping for.
@@ -154,10 +156,13 @@ def run(s: TuneSettings) -> TuneOutcome:
     timing = dataclasses.replace(timing, total_s=time.perf_counter() - t0)
     outcome = _outcome(s, plan, tuner, start, best, capacity, evaluator, timing, whole)
     few = few_requests(best.result, plan, evaluator.slo)
-    if few is None:
+    # The verdict names a thin replay's span and rate too: its few requests are then the
+    # trace's pace, not a window's bad luck (a trace of milliseconds read as seconds).
+    said = " ".join(n for n in (few, thin and f"{thin[:1].upper()}{thin[1:]}.") if n)
+    if not said:
         return dataclasses.replace(outcome, warnings=warnings)
-    return dataclasses.replace(outcome, sentence=f"{outcome.sentence} {few}",
-                               warnings=(*warnings, few))
+    return dataclasses.replace(outcome, sentence=f"{outcome.sentence} {said}",
+                               warnings=(*warnings, *((few,) if few else ())))
 
 
 def few_requests(result: TrialResult, plan: WindowPlan, slo: SLOSpec) -> str | None:

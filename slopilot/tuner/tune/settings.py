@@ -237,6 +237,21 @@ def cut_warning(s: TuneSettings) -> str | None:
     return None if out is None else out.text()
 
 
+def thin_warning(s: TuneSettings, plan: WindowPlan) -> str | None:
+    """The replay's span and rate in words where its windows average under one request
+    (``engine/sim/trace_pace.py``): a verdict on next to no load, often a trace of
+    milliseconds read as seconds; None for a generated workload or one busy enough."""
+    if not isinstance(s.scenario.workload, TraceSpec):
+        return None
+    from slopilot.engine.sim.trace_pace import WINDOW_S, thin
+
+    spec = s.scenario.workload
+    length = max((w.length_s for w in plan.windows), default=WINDOW_S) \
+        if plan.kind == "trace" else WINDOW_S
+    out = thin(spec, spec.records(), length)
+    return None if out is None else out.text()
+
+
 def warmup_warning(s: TuneSettings, plan: WindowPlan) -> str | None:
     """What to tell a user whose ``--warmup`` is shorter than the trace's requests live:
     it is used as given (the user's to choose), but its windows start on an engine
