@@ -1,10 +1,12 @@
 """Parsers of the trace file formats (see ``trace.py`` and docs/traces.md).
 
-- ``azure-csv``: ``TIMESTAMP,ContextTokens,GeneratedTokens`` (Azure's LLM inference traces);
+- ``azure-csv``: ``TIMESTAMP,ContextTokens,GeneratedTokens`` (Azure's LLM inference
+  traces), read as the generic CSV, its names aliases of the generic ones;
 - ``csv``: a header naming ``arrival_time`` (seconds, or an ISO date; ``timestamp`` also
   works), ``prompt_tokens``, ``output_tokens`` and optionally ``class`` (``p0``, ``p1``,
-  ``p2``; ``priority`` also works); other columns are ignored;
-- ``jsonl``: one object per line with the same names, plus an optional ``session_id``;
+  ``p2``; ``priority`` also works) and ``session_id``; another column is named in a
+  warning, once, and not read;
+- ``jsonl``: one object per line with the same names;
 - ``burstgpt`` and ``mooncake``: two public traces' own forms (``trace_public.py``), told
   by their header and keys with ``is_burstgpt_header`` and ``is_mooncake_row``.
 
