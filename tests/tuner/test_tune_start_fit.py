@@ -74,3 +74,18 @@ def test_a_fixed_chunk_above_a_fixed_budget_names_both_flags(
     assert "--set chunk_size=512 exceeds the token budget 256 of --set token_budget=256" \
         in err, err
     assert "give --set chunk_size=256 or less, or --set token_budget=512 or more" in err, err
+
+
+@pytest.mark.parametrize("bound", ["token_budget=128:256", "token_budget=256:1024"])
+def test_a_knob_both_set_and_bound_is_refused_naming_both_flags(
+        bound: str, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The bound was dropped without a word ({**stated, **fixed}): the study ran at 512,
+    # outside 128:256, exit 0. Inside the bound it is as dead: --set fixes the knob.
+    monkeypatch.setattr("slopilot.tuner.tune.run.run", None)  # refused before the study
+    assert main(["tune", "--scenario", "tiny-cpu", "--set", "token_budget=512",
+                 "--bound", bound]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert f"--set token_budget=512 and --bound {bound}" in err, err
+    assert f"give --set token_budget=512 to fix it, or --bound {bound} to tune it" in err, err

@@ -129,6 +129,19 @@ def _check_fits(scenario: Scenario, trace: TraceSpec, config: Mapping[str, Any],
         "prompt and output columns hold lengths in tokens")
 
 
+def _check_set_and_bound(fixed: Mapping[str, str], raw_bounds: list[str]) -> None:
+    """Refused, not merged: ``--set`` fixes a knob the study then never tunes, so a
+    ``--bound`` on the same knob would be dropped without a word (inside its range or
+    not), and the user asked for two different studies."""
+    for item in raw_bounds:
+        name = item.partition("=")[0].strip()
+        if name in fixed:
+            raise ConfigError(
+                f"--set {name}={fixed[name]} and --bound {item} both name {name}: --set "
+                f"fixes it, --bound tunes it; give --set {name}={fixed[name]} to fix it, "
+                f"or --bound {item} to tune it, not both", name)
+
+
 def settings_from(args: argparse.Namespace) -> TuneSettings:
     """The checked settings; ValueError (ConfigError, ScenarioError) names the flag."""
     trace = trace_options(args)
@@ -164,6 +177,7 @@ def settings_from(args: argparse.Namespace) -> TuneSettings:
     seeds = _count("--seeds", DEFAULT_SEEDS if args.seeds is None else args.seeds, 1)
     fixed = parse_set_args(args.fixed)
     stated = parse_bounds(args.bounds)
+    _check_set_and_bound(fixed, args.bounds)
     base = scenario.engine_config()
     space = search_space({**stated, **fixed}, fixed, args.bounds, base)
     start = fit_start(base, fixed, space, [k for k in stated if k not in fixed])
