@@ -7,6 +7,8 @@ error through ``redacted``.
 
 from __future__ import annotations
 
+import re
+import shlex
 import urllib.parse
 
 from sqlalchemy.engine import URL, make_url
@@ -41,11 +43,25 @@ def shown(url: str) -> str:
 
 
 def redacted(text: str, url: str) -> str:
-    """``text`` (e.g. a driver's error) with ``url``'s password, if any, blotted out."""
+    """``text`` (e.g. a driver's error, or a command holding ``url``) with ``url``'s
+    password, if any, blotted out where it stands as the password: the URL as given (or
+    shell-quoted), ``user:PASS@`` and ``password=PASS``. Not every occurrence: a short
+    password (``p``) would blot the driver's own words ("***syco***g") out with it."""
+    out = text
+    if shlex.quote(url) != url:  # first: the quoted form may hold the URL as given
+        out = out.replace(shlex.quote(url), shlex.quote(shown(url)))
+    out = out.replace(url, shown(url))
     parsed = parse_storage_url(url)
     secret = parsed.password if parsed is not None else None
-    out = text.replace(url, shown(url))
-    if secret:
-        for form in {str(secret), urllib.parse.quote(str(secret), safe="")}:
-            out = out.replace(form, "***")
+    if not secret:
+        return out
+    forms = {str(secret), urllib.parse.quote(str(secret), safe=""),
+             urllib.parse.quote(str(secret))}
+    for form in sorted(forms, key=len, reverse=True):
+        found = re.escape(form)
+        out = re.sub(rf"(?<=:){found}(?=@)", "***", out)
+        # libpq's DSN: password=PASS or password='PASS' (its quoting of spaces), up to a
+        # space, a quote or the end, so "password=px" does not hide the p of "px".
+        out = re.sub(rf"(?<=password=){found}(?=[\s;&,)]|$)", "***", out, flags=re.I)
+        out = re.sub(rf"(?<=password='){found}(?=')", "***", out, flags=re.I)
     return out

@@ -1,0 +1,65 @@
+"""A storage URL's password never reaches a message, and hiding it leaves the rest of the
+driver's text readable: only where it stands as the password (the URL as given,
+``user:PASS@``, ``password=PASS``), not every substring equal to it."""
+
+from __future__ import annotations
+
+import importlib.util
+import shlex
+from urllib.parse import quote
+
+import pytest
+
+from slopilot.tuner.study.storage import StudyStorageError, open_study
+from slopilot.tuner.study.storage_url import redacted
+
+DRIVER = ('(psycopg2.OperationalError) connection to server at "127.0.0.1", port 1 failed: '
+          "Connection refused\n\tIs the server running on that host and accepting TCP/IP "
+          "connections?\n(Background on this error at: https://sqlalche.me/e/20/e3q8)")
+
+
+@pytest.mark.parametrize("password", ["p", "postgres", "e", "1"])
+def test_a_short_password_leaves_the_drivers_text_as_it_was(password: str) -> None:
+    # It read "(***syco***g.O***erationalError) ... ***ort 1 ... acce***ting ... htt***s"
+    # for the password p: every occurrence was blotted out.
+    url = f"postgresql://postgres:{password}@127.0.0.1:1/db"
+    assert redacted(DRIVER, url) == DRIVER
+
+
+@pytest.mark.parametrize("password", ["p", "s3cret", "p@ss word", "it's"])
+def test_the_password_is_hidden_where_it_stands_as_one(password: str) -> None:
+    url = f"postgresql://postgres:{quote(password, safe='')}@db.example:5432/studies"
+    hidden = "postgresql://postgres:***@db.example:5432/studies"
+    cases = {
+        f"cannot connect to {url}: refused": f"cannot connect to {hidden}: refused",
+        f"dsn: host=db.example user=postgres password={password} dbname=studies":
+            "dsn: host=db.example user=postgres password=*** dbname=studies",
+        f"dsn: host=db.example password='{password}' dbname=studies":
+            "dsn: host=db.example password='***' dbname=studies",
+        f"postgresql://postgres:{password}@db.example/studies is down":
+            "postgresql://postgres:***@db.example/studies is down",
+        shlex.join(["slopilot", "tune", "--storage", url, "--study-name", "s"]):
+            f"slopilot tune --storage {hidden} --study-name s",
+    }
+    for text, want in cases.items():
+        assert redacted(text, url) == want, text
+
+
+def test_a_shell_quoted_url_is_hidden_in_a_command() -> None:
+    # A password the URL carries unencoded that the shell must quote (a space).
+    url = "postgresql://postgres:two words@db.example/studies"
+    command = shlex.join(["slopilot", "tune", "--storage", url, "--study-name", "s"])
+    assert redacted(command, url) == \
+        "slopilot tune --storage 'postgresql://postgres:***@db.example/studies' --study-name s"
+
+
+def test_an_unreachable_database_names_the_drivers_error_readably() -> None:
+    if not any(importlib.util.find_spec(d) for d in ("psycopg", "psycopg2")):
+        pytest.skip("no PostgreSQL driver (psycopg or psycopg2) installed")
+    # Port 1 on the loopback refuses at once: no server, no wait.
+    with pytest.raises(StudyStorageError) as caught:
+        open_study("postgresql://postgres:p@127.0.0.1:1/db", "x")
+    text = str(caught.value)
+    assert "postgresql://postgres:***@127.0.0.1:1/db" in text, text
+    assert "OperationalError) connection" in text and "port 1 failed" in text, text
+    assert "accepting TCP/IP" in text and "https://sqlalche.me" in text, text
