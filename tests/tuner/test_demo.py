@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,14 @@ from slopilot.engine.sim.scenario import load_scenario
 from slopilot.tuner.local.demo import DemoOptions, live_probe
 from tests.support.fixtures import prometheus_binaries  # noqa: F401 - a fixture
 from tests.support.waits import HANG_GUARD_S
+
+TINY_CONFIG = {  # tiny-random's config.json (engine/models.py): a checkpoint that loads
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 494,
+    "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+    "hidden_act": "silu", "rms_norm_eps": 1e-06, "rope_theta": 10000.0,
+    "max_position_embeddings": 2048, "tie_word_embeddings": False, "bos_token_id": 0,
+    "eos_token_id": 2, "torch_dtype": "float32"}
 
 
 @pytest.mark.slow
@@ -179,6 +188,7 @@ def test_a_torch_demo_without_a_profile_says_its_twin_is_a_gpu_prior(tmp_path: P
     assert twin_caveat(twin, DemoOptions()) == ""
     unknown = tmp_path / "unknown-llm"  # a checkpoint there, of no shape the twin knows
     unknown.mkdir()
+    (unknown / "config.json").write_text(json.dumps(TINY_CONFIG))
     with pytest.raises(ValueError, match="no shape for this checkpoint"):
         twin_scenario(load_scenario("demo-torch"),
                       DemoOptions(executor="torch", model=str(unknown)))
@@ -452,3 +462,30 @@ def test_a_stop_while_the_demo_starts_ends_it_without_a_report(
     assert not (report_dir / "report.md").exists()
     assert summary_lines(result) == [
         "stopped by Ctrl-C before the report was written: no report"]
+
+
+@pytest.mark.parametrize("with_profile", [False, True])
+def test_a_folder_that_is_no_checkpoint_is_said_so_first(
+        tmp_path: Path, with_profile: bool, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # It said "the twin has no shape for this checkpoint; calibrate it (`slopilot
+    # calibrate --model DIR ...`)", and that calibrate answered "DIR/config.json is
+    # missing": the checkpoint is checked before the twin's shape or profile.
+    from slopilot.cli import main
+    from slopilot.tuner.local import demo
+    from tests.support.profiles import profile_file
+
+    def must_not_run(*_: object) -> demo.DemoResult:
+        raise AssertionError("the demo started")
+
+    monkeypatch.setattr(demo, "run_demo", must_not_run)
+    folder = tmp_path / "notackpt"
+    folder.mkdir()
+    extra = (["--profile", str(profile_file(tmp_path, "p.yaml", model="smollm2-135m",
+                                           device="cpu"))] if with_profile else [])
+    assert main(["demo", "--executor", "torch", "--model", str(folder), "--report-dir",
+                 str(tmp_path / "r"), *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert f"--model {folder}: {folder / 'config.json'} is missing" in err, err
+    assert "calibrate" not in err and "profile" not in err, err

@@ -163,8 +163,24 @@ class DemoOptions:
                 check_model(self.model)  # before the twin takes it for a model's name
             except ModelNotFoundError as exc:
                 raise ValueError(f"--model {self.model}: {exc}") from None
+            self._check_checkpoint(self.model)
         check_demo_files(self.report_dir, profile=self.profile, model=self.model,
                          scenario=self.scenario)
+
+    @staticmethod
+    def _check_checkpoint(model: str) -> None:
+        """A folder given as the model holds a checkpoint the engine loads: checked before
+        the twin's shape or a profile, whose errors would send the user to calibrate a
+        folder that calibrate then refuses for its missing config.json."""
+        folder = Path(model).expanduser()
+        if not folder.is_dir():
+            return  # a registered name: built on first use, from a config that loads
+        from slopilot.engine.executors.loader import CheckpointError, read_config
+
+        try:
+            read_config(folder)
+        except CheckpointError as exc:
+            raise ValueError(f"--model {model}: {exc}") from None
 
     def _check_replica_limit(self) -> None:
         cpus = machine_cpus()
