@@ -99,6 +99,11 @@ def list_scenarios() -> list[str]:
                   if f.name.endswith(".yaml"))
 
 
+def _a_folder(text: str) -> ScenarioError:
+    return ScenarioError(f"scenario file {text!r} is a folder, not a scenario file; name a "
+                         ".yaml file in it")
+
+
 def scenario_file(name_or_path: str | Path) -> Traversable | Path:
     """A shipped scenario by name, or a YAML file by path."""
     text = str(name_or_path)
@@ -110,12 +115,14 @@ def scenario_file(name_or_path: str | Path) -> Traversable | Path:
     if text.endswith((".yaml", ".yml")) or "/" in text or "\\" in text:
         path = Path(name_or_path)
         if path.is_dir():
-            raise ScenarioError(f"scenario file {text!r} is a folder, not a scenario file; "
-                                "name a .yaml file in it")
+            raise _a_folder(text)
         if not path.exists():  # a device or a pipe is refused as one when read
             raise ScenarioError(f"scenario file {text!r} does not exist")
         return path
     names = list_scenarios()
+    if text not in names and Path(text).is_dir():
+        # Said as for ./NAME: "unknown scenario" would hide that it names a folder here.
+        raise _a_folder(text)
     if text not in names:
         raise ScenarioError(f"unknown scenario {text!r}; {did_you_mean(text, names)}"
                             f"shipped: {', '.join(names)}; or pass a path to a YAML file")

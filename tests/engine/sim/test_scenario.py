@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import re
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -365,6 +366,21 @@ def test_a_folder_named_as_a_scenario_is_called_a_folder(tmp_path: Path) -> None
     folder.mkdir()
     with pytest.raises(ScenarioError, match=r"is a folder, not a scenario file; name a \.yaml"):
         load_scenario(str(folder))
+
+
+def test_a_bare_folder_name_is_called_a_folder_as_its_path_is(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # `--scenario adir` said "unknown scenario 'adir'" while `--scenario ./adir` said it
+    # is a folder.
+    (tmp_path / "adir").mkdir()
+    monkeypatch.chdir(tmp_path)
+    for given in ("adir", "./adir"):
+        with pytest.raises(ScenarioError,
+                           match=rf"scenario file '{re.escape(given)}' is a folder, not a "
+                                 r"scenario file; name a \.yaml"):
+            load_scenario(given)
+    (tmp_path / "tiny-cpu").mkdir()  # a shipped name is the shipped scenario still
+    assert load_scenario("tiny-cpu").name == "tiny-cpu"
 
 
 @pytest.mark.parametrize(("edit", "read"), [
