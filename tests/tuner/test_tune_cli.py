@@ -443,6 +443,41 @@ def test_a_study_stored_in_an_input_is_refused(
     assert scenario.read_text() == OVERLOAD
 
 
+@pytest.mark.parametrize(("where", "said"), [
+    ("nodir/x.db", "the folder {d}/nodir does not exist; create it or give a file in an "
+                   "existing folder"),
+    ("adir", "{d}/adir is a folder; name a database file in it, e.g. "
+             "sqlite:///{d}/adir/study.db"),
+    ("afile/x.db", "{d}/afile is a file, not a folder; give a file in an existing folder"),
+    ("fifo", "{d}/fifo is not a regular file; give a database file"),
+])
+def test_a_sqlite_storage_that_cannot_be_written_is_refused_before_any_work(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch, where: str, said: str) -> None:
+    # It printed SQLAlchemy's "(sqlite3.OperationalError) unable to open database file"
+    # and a sqlalche.me link, where --metrics-out names the missing folder.
+    monkeypatch.setattr("slopilot.tuner.tune.run.run", None)  # refused before the study
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "afile").write_text("")
+    os.mkfifo(tmp_path / "fifo")
+    url = f"sqlite:///{tmp_path / where}"
+    assert main(["tune", "--scenario", "tiny-cpu", "--storage", url]) == 2
+    err = capsys.readouterr().err
+    assert err == f"slopilot tune: --storage {url}: {said.format(d=tmp_path)}\n", err
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root passes /proc's writable check")
+def test_a_sqlite_storage_in_a_folder_that_takes_no_files_is_refused(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    # /proc's mode says root may write there; no file can be made in it.
+    monkeypatch.setattr("slopilot.tuner.tune.run.run", None)
+    assert main(["tune", "--scenario", "tiny-cpu", "--storage", "sqlite:////proc/x.db"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("slopilot tune: --storage sqlite:////proc/x.db: no file can be "
+                          "made in /proc ("), err
+    assert err.endswith("); give a file in a folder you can write\n"), err
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="only root passes /proc's writable check")
 def test_a_report_dir_that_cannot_be_made_is_refused_before_the_study(
         capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,6 +7,7 @@ import argparse
 import dataclasses
 import math
 import shlex
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -204,6 +205,8 @@ def settings_from(args: argparse.Namespace) -> TuneSettings:
     if args.report_dir is not None:
         # The report is written after the whole study: a bad folder is refused first.
         check_output_dir(args.report_dir, "--report-dir")
+    if isinstance(args.storage, str):
+        _check_storage_file(args.storage)
     _check_clashes(args, scenario, profile)
     return TuneSettings(
         scenario=scenario, trace=trace, scenario_arg=args.scenario,
@@ -217,6 +220,45 @@ def settings_from(args: argparse.Namespace) -> TuneSettings:
         report_dir=args.report_dir, json=args.json, quiet=args.quiet,
         raw_bounds=tuple(args.bounds), profile=profile or None, dispatch=dispatch,
         too_long=too_long)
+
+
+def _check_storage_file(url: str) -> None:
+    """A ``sqlite:///`` storage's file can be made or opened, checked as the other outputs
+    are, before any work: SQLAlchemy's "unable to open database file" names neither the
+    flag nor the folder. SQLite writes its journal beside the file, so its folder must
+    take new files even where the file exists."""
+    from slopilot.tuner.study.storage_url import shown, sqlite_file
+
+    db = sqlite_file(url)
+    if db is None:
+        return
+    path = Path(db)
+    said = f"--storage {shown(url)}"
+    if path.is_dir():
+        raise ValueError(f"{said}: {path} is a folder; name a database file in it, e.g. "
+                         f"sqlite:///{path / 'study.db'}")
+    if path.exists() and not path.is_file():
+        raise ValueError(f"{said}: {path} is not a regular file; give a database file")
+    folder = path.parent
+    if not folder.exists():
+        raise ValueError(f"{said}: the folder {folder} does not exist; create it or give a "
+                         "file in an existing folder")
+    if not folder.is_dir():
+        raise ValueError(f"{said}: {folder} is a file, not a folder; give a file in an "
+                         "existing folder")
+    try:  # by trying: root passes os.access where no file can be made (/proc)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".slopilot-probe-"):
+            pass
+    except OSError as exc:
+        raise ValueError(f"{said}: no file can be made in {folder} ({exc.strerror}); give "
+                         "a file in a folder you can write") from None
+    try:
+        if path.exists():
+            with path.open("r+b"):
+                pass
+    except OSError as exc:
+        raise ValueError(f"{said}: {path} cannot be written ({exc.strerror}); give a file "
+                         "you can write") from None
 
 
 def _check_clashes(args: argparse.Namespace, scenario: Scenario, profile: str | None) -> None:
