@@ -26,19 +26,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default=None, help="tiny-random, smollm2-135m or a "
                    "checkpoint directory (required unless --refit)")
     p.add_argument("--executor", choices=("torch",), default="torch")
-    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
+    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cpu)")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
                    help="default: float32 on CPU, bfloat16 on CUDA")
     p.add_argument("--threads", type=int, default=None,
                    help="torch intra-op threads (default: torch's; recorded in the profile)")
-    p.add_argument("--cpu-kernels", choices=KERNEL_CHOICES, default="auto",
+    p.add_argument("--cpu-kernels", choices=KERNEL_CHOICES, default=None,
                    help="a CPU step's non-GEMM ops, as `slopilot serve --cpu-kernels`: "
                         "calibrate with what will serve (default: auto, as serve); the "
                         "profile records which ran")
-    p.add_argument("--decode-graphs", choices=DECODE_GRAPH_CHOICES, default="auto",
+    p.add_argument("--decode-graphs", choices=DECODE_GRAPH_CHOICES, default=None,
                    help="as `slopilot serve --decode-graphs` (default: auto, as serve); "
                         "the profile records whether decodes were graph replays")
-    p.add_argument("--piecewise-graphs", choices=DECODE_GRAPH_CHOICES, default="off",
+    p.add_argument("--piecewise-graphs", choices=DECODE_GRAPH_CHOICES, default=None,
                    help="as `slopilot serve --piecewise-graphs` (default: off, as serve)")
     p.add_argument("--out", required=True, type=Path, metavar="PROFILE.yaml")
     p.add_argument("--quick", action="store_true", help="a smaller grid and context "
@@ -102,17 +102,30 @@ def _calibrate(args: argparse.Namespace) -> int:
         opts = CalibrationOptions(grid=grid, repeats=given("repeats"),
                                   tolerance=args.tolerance, host=not args.no_host,
                                   statistic=args.statistic or "median")
-        target = torch_target(args.model, grid, device=args.device, dtype=args.dtype,
-                              threads=args.threads, kv_cache_gb=args.kv_cache_gb,
-                              cpu_kernels=args.cpu_kernels,
-                              decode_graphs=args.decode_graphs,
-                              piecewise_graphs=args.piecewise_graphs)
+        # Their defaults are filled here, not by argparse: None says "not given", which
+        # --refit refuses only where given (``_TIMING_FLAGS``).
+        target = torch_target(args.model, grid, device=args.device or "cpu",
+                              dtype=args.dtype, threads=args.threads,
+                              kv_cache_gb=args.kv_cache_gb,
+                              cpu_kernels=args.cpu_kernels or "auto",
+                              decode_graphs=args.decode_graphs or "auto",
+                              piecewise_graphs=args.piecewise_graphs or "off")
         result = _run(target, opts, quiet=args.json, samples_out=args.samples_out)
     except (CalibrationError, DesignError, HarnessError, FitError, ModelNotFoundError,
             SamplesFileError, ValueError) as exc:
         print(f"slopilot calibrate: {exc}", file=sys.stderr)
         return 2
     return _written(result, args)
+
+
+_TIMING_FLAGS = (("--device", "device"), ("--dtype", "dtype"), ("--threads", "threads"),
+                 ("--cpu-kernels", "cpu_kernels"), ("--decode-graphs", "decode_graphs"),
+                 ("--piecewise-graphs", "piecewise_graphs"), ("--quick", "quick"),
+                 ("--repeats", "repeats"), ("--token-budget", "token_budget"),
+                 ("--max-num-seqs", "max_num_seqs"), ("--max-context", "max_context"),
+                 ("--kv-cache-gb", "kv_cache_gb"))
+"""The flags that set how the executor is timed, which a refit, timing nothing, refuses
+where given (argparse's default for each is None, or False for --quick)."""
 
 
 def _refit(args: argparse.Namespace) -> int:
@@ -125,6 +138,12 @@ def _refit(args: argparse.Namespace) -> int:
         if args.model is not None or args.samples_out is not None:
             raise CalibrationError("--refit fits timings already taken: it takes no "
                                    "--model or --samples-out (the file names its model)")
+        timing = [flag for flag, name in _TIMING_FLAGS
+                  if getattr(args, name) not in (None, False)]
+        if timing:
+            raise CalibrationError(
+                f"--refit fits timings already taken: it takes no {', '.join(timing)} "
+                "(they set how the executor is timed; the samples file records how it was)")
         _check_outputs(args)
         rec = read_samples(args.refit)
         if args.statistic is not None:

@@ -366,3 +366,28 @@ def test_a_key_given_twice_in_a_samples_file_is_refused(tmp_path: Path) -> None:
     with pytest.raises(SamplesFileError, match=r"s\.json: cannot read calibration samples "
                                                r"\('schema' given twice"):
         read_samples(path)
+
+
+@pytest.mark.parametrize("flags", [
+    ["--device", "cuda"], ["--device", "cpu"], ["--threads", "4"], ["--repeats", "9"],
+    ["--quick"], ["--dtype", "float32"], ["--cpu-kernels", "auto"],
+    ["--decode-graphs", "off"], ["--piecewise-graphs", "off"], ["--token-budget", "64"],
+    ["--max-num-seqs", "8"], ["--max-context", "256"], ["--kv-cache-gb", "1"],
+    ["--device", "cuda", "--threads", "4", "--quick", "--repeats", "9"],  # in --help order
+])
+def test_a_refit_refuses_the_flags_that_time_where_given(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str]) -> None:
+    # They were ignored without a word (only --model and --samples-out were refused):
+    # `--refit s.json --quick --threads 4 --repeats 9 --device cuda` wrote a profile.
+    rec = measure(_target(SyntheticExecutor()), CalibrationOptions(grid=QUICK, repeats=1))
+    samples = write_samples(rec, tmp_path / "s.json")
+    out = tmp_path / "p.yaml"
+    assert main(["calibrate", "--refit", str(samples), "--out", str(out), *flags]) == 2
+    err = capsys.readouterr().err
+    named = ", ".join(f for f in flags if f.startswith("--"))
+    assert err == (f"slopilot calibrate: --refit fits timings already taken: it takes no "
+                   f"{named} (they set how the executor is timed; the samples file "
+                   "records how it was)\n"), err
+    assert not out.exists()
+    # Left out, their defaults are no flags given: the refit runs.
+    assert main(["calibrate", "--refit", str(samples), "--out", str(out)]) == 0
