@@ -83,7 +83,12 @@ def _simulate(args: argparse.Namespace) -> int:
         print(json.dumps(simulate_json(run.summary, scenario.slo), indent=None,
                          sort_keys=True))
     else:
-        print_summary(run.summary, scenario.slo)
+        from slopilot.engine.sim.trace_scenario import replay_note
+        from slopilot.engine.sim.workload_spec import TraceSpec
+
+        spec = scenario.workload
+        print_summary(run.summary, scenario.slo,
+                      note=replay_note(spec) if isinstance(spec, TraceSpec) else "")
     config = scenario.engine_config().with_overrides(overrides)
     # After the figures, as the profile's warnings: they qualify what the table says.
     for warning in (_too_long(scenario, config, run.summary), _cut(args, scenario),

@@ -118,7 +118,8 @@ def rows(summary: WindowSummary, slo: SLOSpec) -> list[list[str]]:
 
 
 def print_summary(summary: WindowSummary, slo: SLOSpec, *, title: str | None = None,
-                  console: Any = None) -> None:
+                  console: Any = None, note: str = "") -> None:
+    """``note``: said after the default title (``simulate``: what a trace replays)."""
     from rich.console import Console
     from rich.table import Table
 
@@ -126,7 +127,7 @@ def print_summary(summary: WindowSummary, slo: SLOSpec, *, title: str | None = N
     table = Table(title=title or (
         f"{summary.run.scenario if summary.run else 'run'}: {summary.duration_s:,.0f} s "
         f"simulated, {summary.replicas or 1} replica(s), budget {cfg.get('token_budget')}, "
-        f"chunk {cfg.get('chunk_size')}"))
+        f"chunk {cfg.get('chunk_size')}" + (f"; {note}" if note else "")))
     for col in COLUMNS:
         table.add_column(col, justify="right")
     for row in rows(summary, slo):

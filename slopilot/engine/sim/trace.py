@@ -103,6 +103,8 @@ class Trace:
 
     records: list[TraceRecord]
     stray: StrayGap | None
+    fmt: str = "csv"
+    """The format it was read as (named, or told from the file: ``FORMATS``)."""
 
 
 def read_trace(name_or_path: str | Path, *, fmt: str | None = None,
@@ -170,7 +172,7 @@ def load_trace(name_or_path: str | Path, *, fmt: str | None = None,
     # were the read's peak.
     for i, r in enumerate(records):
         records[i] = replace(r, arrival_time=r.arrival_time - t0, index=i)
-    return Trace(records, stray)
+    return Trace(records, stray, fmt)
 
 
 def _format_of(name: str, text: str) -> str:

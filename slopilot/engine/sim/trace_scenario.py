@@ -174,6 +174,20 @@ def with_trace(scenario: Scenario, options: TraceOptions) -> Scenario:
                                duration_s=math.floor(records[-1].arrival_time) + 1.0)
 
 
+def replay_note(spec: TraceSpec) -> str:
+    """What a run replays, for ``simulate``'s title: its requests and their span, and for
+    Mooncake's JSONL the unit its times were read in. Milliseconds cannot be told from
+    seconds by their values: a file converted to seconds replays 1000 times faster, and
+    the span is where that shows (docs/traces.md)."""
+    from slopilot.engine.sim.distribution_spec import read_cached
+
+    records = spec.records()
+    span = records[-1].arrival_time - records[0].arrival_time
+    unit = (" (Mooncake's timestamps read as milliseconds)"
+            if read_cached(spec.trace, spec.fmt, spec.model).fmt == "mooncake" else "")
+    return f"the trace replays {len(records):,} requests over {span:,g} s{unit}"
+
+
 def replay_measure(scenario: Scenario) -> Measure:
     """What ``simulate`` counts on ``scenario`` over its duration: every arrival, and for
     a trace replay its requests followed ``REPLAY_DRAIN_S`` past the end."""

@@ -182,3 +182,25 @@ def test_a_jsonl_trace_is_read_without_a_copy_of_it_per_line(tmp_path: Path, fmt
     # Its bytes and its text while decoded (2.00 x), the text and the records after: not
     # a list of its lines besides (3.4 x before).
     assert peak < 2.3 * size, f"{peak / size:.2f} x the file's size"
+
+
+def test_simulates_title_says_the_span_it_replays_and_the_unit_it_read(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # docs/traces.md says simulate prints the span read in its title; its title said
+    # only "4 s simulated" (the span, drain and all), and the INFO line naming the
+    # milliseconds is not shown by default. A file converted to seconds replays 1000
+    # times faster: the title is where that shows.
+    rows = [{"timestamp": i * 100, "input_length": 300, "output_length": 20,
+             "hash_ids": [0]} for i in range(40)]
+    path = _write(tmp_path, rows, "moon.jsonl")
+    assert main(["simulate", "--scenario", "tiny-cpu", "--trace", str(path),
+                 "--quiet"]) == 0
+    out = " ".join(capsys.readouterr().out.split())  # the title may wrap
+    assert ("replays 40 requests over 3.9 s (Mooncake's timestamps read as milliseconds)"
+            in out), out
+    csv = tmp_path / "t.csv"
+    csv.write_text("arrival_time,prompt_tokens,output_tokens\n"
+                   + "".join(f"{t * 0.5:.1f},300,20\n" for t in range(10)))
+    assert main(["simulate", "--scenario", "tiny-cpu", "--trace", str(csv), "--quiet"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "; the trace replays 10 requests over 4.5 s" in out and "Mooncake" not in out, out
