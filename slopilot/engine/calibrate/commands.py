@@ -64,7 +64,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--refit", type=Path, default=None, metavar="SAMPLES",
                    help="time nothing: fit today's cost-model form to the timings a "
                    "--samples-out file kept, and write --out")
-    p.add_argument("--json", action="store_true", help="print one JSON object at the end")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object on stdout once the profile is written; a "
+                   "refusal (bad input, or a fit above --tolerance) is one line on stderr, "
+                   "exit 2, as simulate's and tune's")
     p.set_defaults(func=_calibrate)
 
 
