@@ -39,7 +39,15 @@ label: all) as first tokens never given (``rules.bucket_rates``)."""
 
 
 class SLOError(ValueError):
-    """An SLO spec field is missing, unknown or out of range; the message names the fix."""
+    """An SLO spec field is missing, unknown or out of range; the message names the fix.
+
+    ``field`` is the field's path as the message names it (``classes.p0.ttft_p99_ms``),
+    None when no single field is wrong: PUT /admin/slo answers it as the error's
+    ``param``, as /admin/config answers ``ConfigError.field``."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 # CRD spellings (camelCase) accepted beside the Python ones.
@@ -67,12 +75,12 @@ class ClassSLO:
             if isinstance(value, bool) or not isinstance(value, (int, float)) \
                     or not math.isfinite(value) or value <= 0:
                 raise SLOError(f"{name}={value!r}: expected a positive number, "
-                               "or null for best effort")
+                               "or null for best effort", name)
         hit = self.prefix_hit_min
         if hit is not None and (isinstance(hit, bool) or not isinstance(hit, (int, float))
                                 or not 0 < hit <= 1):
             raise SLOError(f"prefix_hit_min={hit!r}: expected a ratio in (0, 1], "
-                           "or null when prefix caching is not expected")
+                           "or null when prefix caching is not expected", "prefix_hit_min")
 
     @property
     def best_effort(self) -> bool:
@@ -189,28 +197,31 @@ class SLOSpec:
         unknown = sorted(set(data) - known)
         if unknown:
             raise SLOError(f"unknown SLO field(s) {', '.join(map(repr, unknown))}; "
-                           f"known fields: {', '.join(sorted(known))}")
+                           f"known fields: {', '.join(sorted(known))}", unknown[0])
         profile = data.get("profile")
         if profile is not None and not isinstance(profile, str):
-            raise SLOError(f"profile={profile!r}: expected a name: {', '.join(PROFILES)}")
+            raise SLOError(f"profile={profile!r}: expected a name: {', '.join(PROFILES)}",
+                           "profile")
         if profile is not None and profile not in PROFILES:
             raise SLOError(f"profile={profile!r}: unknown SLO profile; use one of: "
-                           f"{', '.join(PROFILES)}")
+                           f"{', '.join(PROFILES)}", "profile")
         base = cls.from_profile(profile or "standard").classes()
         shared: dict[str, Any] = {
             k: data[k] for k in ("max_preemptions_per_min", "prefix_hit_min") if k in data}
         ClassSLO(**shared)  # a bad shared value is named where it was written, not per class
         classes_in = data.get("classes") or {}
         if not isinstance(classes_in, Mapping):
-            raise SLOError("classes: expected a mapping of p0/p1/p2 to objectives")
+            raise SLOError("classes: expected a mapping of p0/p1/p2 to objectives", "classes")
         overrides: dict[Priority, Mapping[str, Any]] = {}
         for key, fields in classes_in.items():
             try:
                 p = Priority.parse(key)
             except ValueError:
-                raise SLOError(f"classes.{key}: not a class; use p0, p1 or p2") from None
+                raise SLOError(f"classes.{key}: not a class; use p0, p1 or p2",
+                               f"classes.{key}") from None
             if not isinstance(fields, Mapping):
-                raise SLOError(f"classes.{key}: expected a mapping of objectives")
+                raise SLOError(f"classes.{key}: expected a mapping of objectives",
+                               f"classes.{key}")
             overrides[p] = fields
         built: dict[Priority, ClassSLO] = {}
         names = {f.name for f in dataclasses.fields(ClassSLO)}
@@ -220,12 +231,14 @@ class SLOSpec:
                 k = _ALIASES.get(k, k)
                 if k not in names:
                     raise SLOError(f"classes.{p.label}.{k}: unknown objective; "
-                                   f"use one of: {', '.join(sorted(names))}")
+                                   f"use one of: {', '.join(sorted(names))}",
+                                   f"classes.{p.label}.{k}")
                 changes[k] = v
             try:
                 built[p] = dataclasses.replace(slo, **changes)
             except SLOError as exc:
-                raise SLOError(f"classes.{p.label}.{exc}") from None
+                raise SLOError(f"classes.{p.label}.{exc}",
+                               exc.field and f"classes.{p.label}.{exc.field}") from None
         return cls(built[Priority.P0], built[Priority.P1], built[Priority.P2],
                    profile=profile)
 
@@ -288,4 +301,4 @@ def read_slo_file(path: Path) -> SLOSpec:
     try:
         return SLOSpec.from_dict(data)
     except SLOError as exc:
-        raise SLOError(f"{path}: {exc}") from None
+        raise SLOError(f"{path}: {exc}", exc.field) from None

@@ -129,7 +129,7 @@ def create_admin_app(engine: AsyncEngine, credential: AdminCredential | None,
         try:
             slo = SLOSpec.from_dict(data)
         except SLOError as exc:
-            raise APIError(400, str(exc), code="invalid_slo") from None
+            raise APIError(400, str(exc), param=exc.field, code="invalid_slo") from None
         metrics.set_slo(slo)
         return slo.to_dict()
 

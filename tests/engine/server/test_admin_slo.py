@@ -47,21 +47,32 @@ def test_a_put_slo_is_what_requests_are_judged_by_from_then_on(srv: LiveServer) 
     assert srv.backend.metrics.slo.p0 == want.p0
 
 
-@pytest.mark.parametrize(("body", "words"), [
-    ({"classes": {"p0": {"ttftP99Ms": -1}}}, "classes.p0.ttft_p99_ms=-1"),
-    ({"classes": {"p9": {}}}, "classes.p9: not a class"),
-    ({"profile": "fastest"}, "profile='fastest': unknown SLO profile"),
-    ([1, 2], "must be a JSON object of objectives"),
-    (b"{not json", "not valid JSON"),
-    (b"[" * 50_000, "nested too deeply"),  # past any recursion limit, < 64 KiB
-], ids=["negative", "no-such-class", "no-such-profile", "a-list", "not-json", "deep"])
+@pytest.mark.parametrize(("body", "words", "param"), [
+    ({"classes": {"p0": {"ttftP99Ms": -1}}}, "classes.p0.ttft_p99_ms=-1",
+     "classes.p0.ttft_p99_ms"),
+    ({"classes": {"p1": {"latency": 5}}}, "classes.p1.latency: unknown objective",
+     "classes.p1.latency"),
+    ({"classes": {"p9": {}}}, "classes.p9: not a class", "classes.p9"),
+    ({"classes": [1]}, "classes: expected a mapping", "classes"),
+    ({"profile": "fastest"}, "profile='fastest': unknown SLO profile", "profile"),
+    ({"prefixHitMin": 2}, "prefix_hit_min=2: expected a ratio", "prefix_hit_min"),
+    ({"ttft": 5}, "unknown SLO field(s) 'ttft'", "ttft"),
+    ([1, 2], "must be a JSON object of objectives", None),
+    (b"{not json", "not valid JSON", None),
+    (b"[" * 50_000, "nested too deeply", None),  # past any recursion limit, < 64 KiB
+], ids=["negative", "no-such-objective", "no-such-class", "classes-a-list",
+        "no-such-profile", "shared-out-of-range", "no-such-field", "a-list", "not-json",
+        "deep"])
 def test_a_bad_slo_is_a_400_that_says_why_and_changes_nothing(
-        srv: LiveServer, body: Any, words: str) -> None:
+        srv: LiveServer, body: Any, words: str, param: str | None) -> None:
+    """``param`` names the field the message names, as /admin/config's does (it was
+    null for every field)."""
     before = SLOSpec.from_profile("relaxed")
     assert _slo(srv, "PUT", before.to_dict()).status_code == 200
     res = _slo(srv, "PUT", body)
     assert res.status_code == 400, res.text
     assert words in res.json()["error"]["message"]
+    assert res.json()["error"]["param"] == param
     assert srv.backend.metrics.slo == before
 
 
