@@ -9,6 +9,7 @@ from pathlib import Path
 from slopilot.engine.calibrate.design import GridOptions, design
 from slopilot.engine.calibrate.harness import BlockPlan
 from slopilot.engine.calibrate.runner import Target
+from slopilot.engine.device_flag import check_device
 from slopilot.engine.sim.profile_file import DeviceInfo
 from slopilot.engine.sim.profiles import ModelProfile
 
@@ -17,26 +18,6 @@ _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 class CalibrationError(ValueError):
     """Calibration cannot start (device, model, sizes); the message names the fix."""
-
-
-def check_device(device: str) -> None:
-    """Refuse a device this machine does not have before any model is loaded."""
-    import torch
-
-    kind, _, index = device.partition(":")
-    if kind not in ("cpu", "cuda") or (index and (kind == "cpu" or not index.isdigit())):
-        raise CalibrationError(f"--device {device!r}: use cpu, cuda or cuda:N")
-    if kind == "cuda":
-        if not torch.cuda.is_available():
-            build = torch.__version__
-            raise CalibrationError(
-                f"--device {device}: torch {build} sees no CUDA device on this machine; "
-                "calibrate with --device cpu here, or run calibrate on the GPU node that "
-                "will serve")
-        count = torch.cuda.device_count()
-        if index and int(index) >= count:
-            raise CalibrationError(f"--device {device}: this machine has {count} CUDA "
-                                   f"device(s), cuda:0 to cuda:{count - 1}")
 
 
 def device_info(device: str, threads: int | None, kernels: str | None = None

@@ -104,8 +104,10 @@ def register(subparsers: Any) -> None:
                    "\"defaultClass\"}], \"anonymous\": {\"maxClass\"}}); every /v1 "
                    "request then needs a granted key (401) and a class within its grant "
                    "(403). Read again whenever it changes (default: any class, any client)")
-    p.add_argument("--scenario", default="tiny-cpu",
-                   help="simulated executor: take gpu, model and tp from this scenario")
+    # None, not "tiny-cpu": one given to the torch executor is refused, not dropped.
+    p.add_argument("--scenario", default=None,
+                   help="simulated executor: take gpu, model and tp from this scenario "
+                   "(default tiny-cpu)")
     p.add_argument("--gpu", help="simulated executor: GPU profile (overrides the scenario)")
     p.add_argument("--sim-model", help="simulated executor: model profile")
     p.add_argument("--tp", type=int, help="simulated executor: tensor-parallel degree "
@@ -261,6 +263,18 @@ def _torch_only(args: argparse.Namespace) -> str | None:
     return None
 
 
+def _simulated_only(args: argparse.Namespace) -> str | None:
+    """Why a flag of the simulated executor's cannot go with the torch one, or None
+    (--scenario was served past without a word, the others refused)."""
+    given = {"--scenario": args.scenario is not None, "--gpu": args.gpu is not None,
+             "--sim-model": args.sim_model is not None, "--tp": args.tp is not None}
+    for flag, is_given in given.items():
+        if is_given:
+            return (f"{flag} applies to --executor simulated only (the torch executor "
+                    "serves --model)")
+    return None
+
+
 def _serve(args: argparse.Namespace) -> int:
     from slopilot.engine.config import ConfigError, EngineConfig
 
@@ -277,15 +291,21 @@ def _serve(args: argparse.Namespace) -> int:
         max_connections = max_connections_from_flag(args.max_connections, 1)
     except (ConfigError, ValueError, OSError) as exc:
         return _fail(str(exc))
-    if args.executor == "torch" and (args.gpu or args.sim_model or args.tp is not None):
-        return _fail("--gpu, --sim-model and --tp apply to --executor simulated only")
-    if args.executor == "simulated" and (problem := _torch_only(args)) is not None:
+    problem = _simulated_only(args) if args.executor == "torch" else _torch_only(args)
+    if problem is not None:
         return _fail(problem)
     if args.admin_port is not None and args.admin_port == args.port != 0:
         return _fail(f"--admin-port {args.admin_port} is --port too; give the admin API a "
                      "port of its own")
     binding = Binding()
     device = args.device or "cpu"
+    if args.executor == "torch":
+        from slopilot.engine.device_flag import DeviceError, check_device
+
+        try:  # torch's refusal of "tpu" or "cuda:x" was a RuntimeError traceback
+            check_device(device)
+        except DeviceError as exc:
+            return _fail(str(exc))
     if args.executor == "torch" and device == "cpu":
         # Before the backends' imports: OpenMP reads its placement when torch loads it.
         binding = apply_openmp_binding(args.cpu_bind)
@@ -295,7 +315,8 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         if args.executor == "simulated":
             backend = build_simulated(
-                config, scenario=args.scenario, gpu=args.gpu, sim_model=args.sim_model,
+                config, scenario=args.scenario or "tiny-cpu", gpu=args.gpu,
+                sim_model=args.sim_model,
                 tp=args.tp, num_gpu_blocks=args.num_gpu_blocks,
                 served_model_name=args.served_model_name)
         else:

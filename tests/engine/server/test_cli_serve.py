@@ -99,7 +99,7 @@ def test_serve_drains_on_sigterm(proc: subprocess.Popen[str]) -> None:
 @pytest.mark.parametrize(("args", "words"), [
     (["--set", "token_budget=5"], "token_budget=5 is out of range"),
     (["--set", "nonsense"], "expected knob=value"),
-    (["--gpu", "A100"], "apply to --executor simulated only"),
+    (["--gpu", "A100"], "--gpu applies to --executor simulated only"),
     (["--scenario", "no-such-scenario"], "no-such-scenario"),
     (["--port", "8123", "--admin-port", "8123"], "port of its own"),
     (["--dtype", "bfloat16"], "--dtype applies to --executor torch only"),
@@ -151,6 +151,28 @@ def test_bad_options_exit_2(args: list[str], words: str,
     assert code == 2
     assert words in err
     assert "Errno" not in err, err
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["--device", "tpu"], "--device 'tpu': use cpu, cuda or cuda:N"),
+    (["--device", "cuda:x"], "--device 'cuda:x': use cpu, cuda or cuda:N"),
+    (["--device", "cpu:0"], "--device 'cpu:0': use cpu, cuda or cuda:N"),
+    (["--scenario", "tiny-cpu"], "--scenario applies to --executor simulated only"),
+    (["--tp", "2"], "--tp applies to --executor simulated only"),
+])
+def test_bad_torch_options_exit_2_before_a_model_loads(
+        args: list[str], words: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """--device is checked as calibrate checks it (a RuntimeError traceback from torch was
+    all serve said); --scenario was dropped without a word where --gpu was refused."""
+    from slopilot.cli import main
+
+    # An address no machine here has: a flag let through fails at the bind, not serves.
+    code = main(["serve", "--host", "192.0.2.1", "--port", "0", "--executor", "torch",
+                 *args])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert f"slopilot serve: {words}" in err, err
+    assert "Traceback" not in err
 
 
 @pytest.mark.parametrize(("args", "words"), [
