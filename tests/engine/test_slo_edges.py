@@ -170,7 +170,9 @@ def test_the_meter_command_exports_the_edges_of_its_slo_file(
     apps: list[Any] = []
     monkeypatch.setattr(uvicorn.Server, "run",
                         lambda self, sockets=None: apps.append(self.config.app))
-    main(["meter", "--upstream", "http://127.0.0.1:8001", "--slo-file", str(slo)])
+    # It binds before it runs: a port of its own, not 0.0.0.0:8000, which may be another's.
+    main(["meter", "--upstream", "http://127.0.0.1:8001", "--slo-file", str(slo),
+          "--host", "127.0.0.1", "--port", "0"])
     meter = apps[0]
     while not hasattr(meter, "latency"):  # under the server's wrappers
         meter = meter.app

@@ -20,6 +20,8 @@ from slopilot.engine.port_flag import port
 from slopilot.engine.request import Priority
 
 if TYPE_CHECKING:
+    import socket
+
     import uvicorn
 
     from slopilot.engine.http_deadlines import CallLater, Deadlines
@@ -84,8 +86,8 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     import httpx
-    import uvicorn
 
+    from slopilot.engine.listen_socket import ListenError, bind_listen
     from slopilot.engine.meter.proxy import Meter
     from slopilot.engine.meter.slo_watch import SLOWatch
     from slopilot.engine.slo import SLOError
@@ -120,20 +122,46 @@ def run(args: argparse.Namespace) -> int:
     except SLOError as exc:
         print(f"slopilot meter: --slo-file {exc}", file=sys.stderr)
         return 2
+    try:  # here, not in uvicorn: its failed bind was an ERROR line naming no flag
+        listen = bind_listen(args.host, args.port, "--port")
+    except ListenError as exc:
+        print(f"slopilot meter: {exc}", file=sys.stderr)
+        return 2
     app = Meter(args.upstream, slo, Priority.parse(args.priority_class),
                 max_body_bytes=max_body, body_budget_bytes=budget,
                 max_model_len=args.max_model_len)
     map_large_blocks()  # a body freed is memory given back (process-wide, so here)
-    server = uvicorn.Server(uvicorn_config(app, host=args.host, port=args.port,
-                                           log_level=args.log_level, deadlines=deadlines,
-                                           max_connections=max_connections))
+    server = _announcing(args.upstream)(uvicorn_config(
+        app, host=args.host, port=args.port, log_level=args.log_level, deadlines=deadlines,
+        max_connections=max_connections))
     logging.getLogger("slopilot.meter").info(
         "at most %d connections held for clients (--max-connections); past it a request is "
         "answered 503", max_connections)
     # uvicorn re-raises the Ctrl-C it shut down on; uvicorn.run, used before, hid it.
-    with contextlib.suppress(KeyboardInterrupt):
-        server.run()
+    with listen, contextlib.suppress(KeyboardInterrupt):
+        server.run(sockets=[listen])
     return 0 if server.started else 1
+
+
+def _announcing(upstream: str) -> type[uvicorn.Server]:
+    """A uvicorn server that logs where it listens once it does."""
+    import uvicorn
+
+    class Announcing(uvicorn.Server):
+        """uvicorn says where it listens only when it binds the socket itself; given the
+        meter's (listen_socket.py), it said nothing."""
+
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            import logging
+
+            await super().startup(sockets)
+            if self.started and sockets:
+                host, port = sockets[0].getsockname()[:2]
+                logging.getLogger("slopilot.meter").info(
+                    "listening at http://%s:%d, forwarding to %s",
+                    f"[{host}]" if ":" in host else host, port, upstream)
+
+    return Announcing
 
 
 def uvicorn_config(app: Meter, *, host: str, port: int, log_level: str,

@@ -334,7 +334,8 @@ def _serve(args: argparse.Namespace) -> int:
     # histograms for this process' life (one edited later is read judged on it).
     backend.metrics.export_slo_edges(slo)
     binding.release_calling_thread()
-    from slopilot.engine.server.uvicorn_runner import ListenError, serve_forever
+    from slopilot.engine.listen_socket import ListenError
+    from slopilot.engine.server.uvicorn_runner import serve_forever
 
     try:
         return serve_forever(backend, host=args.host, port=args.port,
@@ -344,7 +345,7 @@ def _serve(args: argparse.Namespace) -> int:
                              deadlines=deadlines, max_connections=max_connections,
                              **({} if args.max_body_mb is None
                                 else {"max_body_bytes": args.max_body_mb}))
-    except ListenError as exc:  # a port already taken: the message names flag and port
+    except ListenError as exc:  # the message names the flag to change: --host or a port
         backend.close()
         return _fail(str(exc))
     except OSError as exc:

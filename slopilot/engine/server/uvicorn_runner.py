@@ -28,6 +28,7 @@ from slopilot.engine.http_deadlines import (
     Deadlines,
     with_deadlines,
 )
+from slopilot.engine.listen_socket import bind_listen
 from slopilot.engine.server.admin_credential import AdminCredential
 from slopilot.engine.server.app import ServerState, create_app
 from slopilot.engine.server.backends import Backend
@@ -36,34 +37,6 @@ from slopilot.engine.server.gc_pauses import GCPauses
 from slopilot.engine.server.request_limits import DEFAULT_MAX_BODY_BYTES
 from slopilot.engine.server.startup_heap import freeze_startup_heap
 from slopilot.engine.watched_file import WatchedFile
-
-
-class ListenError(OSError):
-    """A port ``slopilot serve`` was told to listen on cannot be bound; the message names
-    the flag and the port (the bare OSError said only "Address already in use", without
-    which of the two ports, or which host:port, was taken)."""
-
-    def __init__(self, flag: str, host: str, port: int, exc: OSError) -> None:
-        super().__init__(exc.errno, f"{flag} {port}: cannot listen on {host}:{port}: "
-                         f"{exc.strerror or exc}; stop what holds it or pick another port "
-                         "(0 picks a free one)")
-
-    def __str__(self) -> str:
-        return str(self.strerror)
-
-
-def bind_socket(host: str, port: int) -> socket.socket:
-    """A listening-ready TCP socket on ``host:port`` (0 picks a free port)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError:
-        sock.close()
-        raise
-    sock.set_inheritable(True)
-    return sock
 
 
 class DrainingServer(uvicorn.Server):
@@ -133,17 +106,14 @@ def make_server(backend: Backend, *, host: str = "127.0.0.1", port: int = 0,
     if admin_port is not None and admin_port == port != 0:
         raise ValueError(f"--admin-port {admin_port} is --port too; give the admin API a "
                          "port of its own")
-    try:
-        listen = [bind_socket(host, port)]
-    except OSError as exc:
-        raise ListenError("--port", host, port, exc) from exc
+    listen = [bind_listen(host, port, "--port")]
     bound_admin: int | None = None
     if admin_port is not None:
         try:
-            listen.append(bind_socket(host, admin_port))
-        except OSError as exc:
+            listen.append(bind_listen(host, admin_port, "--admin-port"))
+        except OSError:
             listen[0].close()
-            raise ListenError("--admin-port", host, admin_port, exc) from exc
+            raise
         bound_admin = listen[1].getsockname()[1]
     app = create_app(backend, admin_token=admin_token, drain_timeout_s=drain_timeout_s,
                      check_integrity=check_integrity, admin_port=bound_admin,

@@ -6,8 +6,8 @@ brought back after ``stop()``. Another process's bind to port 0 (a test server o
 another pytest worker) can get it meanwhile, and the child then exits "address already
 in use". Held here, bound with ``SO_REUSEADDR`` and never listened on, Linux hands the
 port to no bind to port 0, no outgoing connection and no bind without that option, while
-a server that binds it with ``SO_REUSEADDR`` (``slopilot serve``'s ``bind_socket``, Go's
-listeners: Prometheus) listens there as if it were free.
+a server that binds it with ``SO_REUSEADDR`` (``listen_socket.bind_socket``: serve's and
+the meter's; Go's listeners: Prometheus) listens there as if it were free.
 """
 
 from __future__ import annotations

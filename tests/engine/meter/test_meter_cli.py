@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 
 import pytest
 
 from slopilot.cli import main
+
+LOOPBACK = ["--host", "127.0.0.1", "--port", "0"]
+"""Where a meter whose ``uvicorn.Server.run`` a test replaced listens: it binds before
+it runs, and the default, 0.0.0.0:8000, may be another's."""
 
 
 @pytest.mark.parametrize("upstream", ["127.0.0.1:8001", "ftp://h:1", "http://h:1/base",
@@ -54,7 +59,7 @@ def test_the_deadlines_are_the_servers_flags(tmp_path: Path,
     slo = tmp_path / "slo.json"
     slo.write_text(json.dumps({"profile": "standard"}))
     main(["meter", "--upstream", "http://127.0.0.1:8001", "--slo-file", str(slo),
-          "--keep-alive-timeout", "75", "--send-timeout", "0"])
+          *LOOPBACK, "--keep-alive-timeout", "75", "--send-timeout", "0"])
     assert served == [Deadlines(keep_alive_s=75.0, send_s=0.0)]
 
 
@@ -97,7 +102,8 @@ def _served_meter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *flags: str) 
     monkeypatch.setattr(uvicorn.Server, "run", run)
     slo = tmp_path / "slo.json"
     slo.write_text(json.dumps({"profile": "standard"}))
-    main(["meter", "--upstream", "http://127.0.0.1:8001", "--slo-file", str(slo), *flags])
+    main(["meter", "--upstream", "http://127.0.0.1:8001", "--slo-file", str(slo), *LOOPBACK,
+          *flags])
     return served[0]
 
 
@@ -193,7 +199,7 @@ def test_the_connection_cap_counts_two_descriptors_a_connection(
         self.config.app.cap.limit))
     slo = tmp_path / "slo.json"
     slo.write_text(json.dumps({"profile": "standard"}))
-    base = ["meter", "--upstream", "http://127.0.0.1:8001", "--slo-file", str(slo)]
+    base = ["meter", "--upstream", "http://127.0.0.1:8001", "--slo-file", str(slo), *LOOPBACK]
     main(base)
     main([*base, "--max-connections", "480"])
     assert served == [256, 480]
@@ -202,3 +208,52 @@ def test_the_connection_cap_counts_two_descriptors_a_connection(
     assert "slopilot meter: --max-connections 481: this process may open 1024 descriptors " \
         "(ulimit -n), 2 descriptors a connection" in err
     assert "give at most 480" in err
+
+
+def _slo_file(tmp_path: Path) -> Path:
+    slo = tmp_path / "slo.json"
+    slo.write_text(json.dumps({"profile": "standard"}))
+    return slo
+
+
+def _exit_code(argv: list[str]) -> int | str | None:
+    try:
+        return main(argv)
+    except SystemExit as exc:  # uvicorn's own exit on a failed bind
+        return exc.code
+
+
+def test_a_port_already_taken_is_named_with_its_flag(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """uvicorn's "ERROR: [Errno 98] address already in use" among its INFO lines, and
+    exit 3, was all the meter said; serve named the flag and the fix."""
+    with socket.socket() as taken:  # listened on: no bind, SO_REUSEADDR or not, takes it
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code = _exit_code(["meter", "--upstream", "http://127.0.0.1:8001", "--slo-file",
+                           str(_slo_file(tmp_path)), "--host", "127.0.0.1", "--port",
+                           str(port)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert (f"slopilot meter: --port {port}: cannot listen on 127.0.0.1:{port}: Address "
+            "already in use; stop what holds it or pick another port") in err, err
+    assert "Errno" not in err
+
+
+@pytest.mark.parametrize(("host", "words"), [
+    # The resolver's words vary with the machine's (no network: "Temporary failure").
+    ("no.such.host.invalid", "--host no.such.host.invalid: cannot listen on "
+                             "no.such.host.invalid:0: "),
+    ("192.0.2.1", "--host 192.0.2.1: cannot listen on 192.0.2.1:0: Cannot assign "
+                  "requested address; give an address of this machine"),  # TEST-NET-1
+])
+def test_a_host_that_cannot_be_listened_on_is_named_with_its_flag(
+        tmp_path: Path, host: str, words: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code = _exit_code(["meter", "--upstream", "http://127.0.0.1:8001", "--slo-file",
+                       str(_slo_file(tmp_path)), "--host", host, "--port", "0"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert f"slopilot meter: {words}" in err, err
+    assert "--port" not in err and "Errno" not in err, err
+

@@ -175,6 +175,26 @@ def test_bad_torch_options_exit_2_before_a_model_loads(
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize(("host", "words"), [
+    # The resolver's words vary with the machine's (no network: "Temporary failure").
+    ("no.such.host.invalid", "--host no.such.host.invalid: cannot listen on "
+                             "no.such.host.invalid:0: "),
+    ("192.0.2.1", "--host 192.0.2.1: cannot listen on 192.0.2.1:0: Cannot assign "
+                  "requested address; give an address of this machine"),  # TEST-NET-1
+])
+def test_a_host_that_cannot_be_listened_on_is_named_with_its_flag(
+        host: str, words: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """It was blamed on the port: "--port 0: ... stop what holds it or pick another
+    port"."""
+    from slopilot.cli import main
+
+    code = main(["serve", "--executor", "simulated", "--port", "0", "--host", host])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert words in err, err
+    assert "--port" not in err and "Errno" not in err, err
+
+
 @pytest.mark.parametrize(("args", "words"), [
     (["--set", "token_budget=5"], "token_budget=5 is out of range"),  # serve's own check
     (["--dtype", "float64"], "invalid choice: 'float64'"),           # argparse's
