@@ -39,7 +39,12 @@ def register(subparsers: Any) -> None:
         "counters, the client-side TTFT and TBT histograms and the arrivals after them.")
     p.add_argument("--upstream", required=True, help="the engine's URL, e.g. "
                    "http://127.0.0.1:8001")
-    p.add_argument("--host", default="0.0.0.0")
+    # Every interface, where serve listens on 127.0.0.1: in its pod the meter is what
+    # vLLM's clients reach, on the pod's address, and the operator passes no --host.
+    p.add_argument("--host", default="0.0.0.0",
+                   help="the address to listen on (default 0.0.0.0: every interface, as "
+                   "in the vLLM pod the operator runs it in, where clients reach it on the "
+                   "pod's address; --host 127.0.0.1 for this machine only)")
     p.add_argument("--port", type=port("--port"), default=8000)
     p.add_argument("--slo-file", type=Path, required=True,
                    help="the SLO (spec.slo's JSON), read again whenever it changes")

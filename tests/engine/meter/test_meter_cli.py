@@ -257,3 +257,14 @@ def test_a_host_that_cannot_be_listened_on_is_named_with_its_flag(
     assert f"slopilot meter: {words}" in err, err
     assert "--port" not in err and "Errno" not in err, err
 
+
+def test_the_help_says_where_the_meter_listens_by_default_and_why(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """0.0.0.0, where ``slopilot serve`` listens on 127.0.0.1: in its pod the meter is
+    what vLLM's clients reach, on the pod's address (the operator passes no --host)."""
+    with pytest.raises(SystemExit):
+        main(["meter", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--host HOST" in out
+    assert "default 0.0.0.0: every interface" in out
+    assert "--host 127.0.0.1 for this machine only" in out
