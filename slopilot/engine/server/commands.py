@@ -54,7 +54,9 @@ def register(subparsers: Any) -> None:
                    help="tiny-random (default), smollm2-135m or a checkpoint directory "
                    "(torch executor)")
     p.add_argument("--executor", choices=("torch", "simulated"), default="torch")
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="the address to listen on (default 127.0.0.1: this machine only; "
+                   "0.0.0.0 for every interface)")
     p.add_argument("--port", type=port("--port"), default=8000, help="0 picks a free port")
     p.add_argument("--admin-port", type=port("--admin-port"), metavar="PORT",
                    help="serve the admin API (/admin/config) on this port alone, so a "

@@ -389,3 +389,14 @@ def test_the_connection_cap_is_set_from_the_command_line() -> None:
     finally:
         p.kill()
         p.wait(HANG_GUARD_S)
+
+
+def test_the_help_says_where_serve_listens_by_default(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """127.0.0.1, where ``slopilot meter`` listens on 0.0.0.0: each help says its own."""
+    from slopilot.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "default 127.0.0.1: this machine only; 0.0.0.0 for every interface" in out
