@@ -335,7 +335,12 @@ class TraceWorkload:
         # trace (``TraceRecord.index``), not in this replay: a tuner's window, cut from
         # the trace, then replays the very requests the whole replay has there.
         classes = _ClassDraws(self.seed, self.classes)
+        # A session's stream is dropped here once its last turn is yielded: the turns
+        # not yet drawn hold it (their prompt's draw), and it goes with the last of them.
+        # Held to the replay's end, every session's was: ~60 GB for 1M chat rows.
         streams: dict[int, _SessionStream] = {}
+        last_turn = {r.session_id: i for i, r in enumerate(self.records)
+                     if r.session_id is not None}
         for i, r in enumerate(self.records):
             if self.duration_s is not None and r.arrival_time >= self.duration_s:
                 return
@@ -348,11 +353,8 @@ class TraceWorkload:
                 prompt = SyntheticPrompt(r.prompt_tokens, functools.partial(
                     self.tokens.sample, child_rng(self.seed, _TOKENS, key)))
             else:
-                stream = streams.get(r.session_id)
-                if stream is None:
-                    stream = streams[r.session_id] = _SessionStream(
-                        self.tokens, child_rng(self.seed, _SESSION_TOKENS, r.session_id))
-                prompt = SyntheticPrompt(r.prompt_tokens, stream.prefix)
+                prompt = SyntheticPrompt(r.prompt_tokens, self._stream(
+                    streams, r.session_id, last=last_turn[r.session_id] == i).prefix)
             yield RequestSpec(arrival_time=r.arrival_time, prompt_token_ids=prompt,
                               max_tokens=r.output_tokens, priority=priority,
                               session_id=r.session_id)
@@ -363,6 +365,17 @@ class TraceWorkload:
 
     def on_rejected(self, spec: RequestSpec, now: float) -> list[RequestSpec]:
         return []
+
+    def _stream(self, streams: dict[int, _SessionStream], session: int, *,
+                last: bool) -> _SessionStream:
+        """``session``'s stream, made at its first turn; let go of at its ``last``."""
+        stream = streams.pop(session, None) if last else streams.get(session)
+        if stream is None:
+            stream = _SessionStream(self.tokens,
+                                    child_rng(self.seed, _SESSION_TOKENS, session))
+            if not last:
+                streams[session] = stream
+        return stream
 
     def _blocks(self, blocks: tuple[int, ...], i: int, n: int) -> list[int]:
         """Request ``i``'s ``n`` prompt tokens: each named block's own tokens (drawn from
@@ -402,14 +415,19 @@ class _ClassDraws:
 class _SessionStream:
     """One session's token stream: every turn's prompt is a prefix of it, so a later
     (longer) turn starts with the earlier turn's prompt. It grows only as far as a drawn
-    prompt reads, so a turn the deployment rejects unread costs nothing."""
+    prompt reads, so a turn the deployment rejects unread costs nothing. Held as an
+    array (2 bytes a token for 32,000 ids), not a list of ints (~40), and grown by the
+    same draws from ``rng`` in the same order as ever: a generator's draws in pieces
+    differ from one draw of their sum, and the tokens are what the prefix cache hits."""
 
     def __init__(self, sampler: TokenSampler, rng: np.random.Generator) -> None:
         self.sampler = sampler
         self.rng = rng
-        self.ids: list[int] = []
+        self.ids: np.ndarray = sampler.sample_array(rng, 0)
 
     def prefix(self, n: int) -> list[int]:
         if len(self.ids) < n:
-            self.ids.extend(self.sampler.sample(self.rng, n - len(self.ids)))
-        return self.ids[:n]
+            more = self.sampler.sample_array(self.rng, n - len(self.ids))
+            self.ids = np.concatenate((self.ids, more))
+        ids: list[int] = self.ids[:n].tolist()
+        return ids

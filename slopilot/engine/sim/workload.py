@@ -97,12 +97,21 @@ class TokenSampler:
         self.vocab_size = vocab_size
 
     def sample(self, rng: np.random.Generator, n: int) -> list[int]:
-        ids: list[int] = rng.integers(RESERVED_TOKEN_IDS, self.vocab_size, n).tolist()
+        ids: list[int] = self.sample_array(rng, n).tolist()
         return ids
+
+    def sample_array(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        """``sample``'s ids (the same draws from ``rng``) in the narrowest unsigned dtype
+        that holds the vocabulary: 2 bytes a token for 32,000 ids, where a list of
+        Python ints costs ~40 (a stream held for a session's next turns)."""
+        dtype = np.min_scalar_type(self.vocab_size - 1)
+        return rng.integers(RESERVED_TOKEN_IDS, self.vocab_size, n).astype(dtype)
 
 
 class SyntheticPrompt(Sequence[int]):
-    """``n`` synthetic token ids, drawn by ``draw(n)`` on first read and kept.
+    """``n`` synthetic token ids, drawn by ``draw(n)`` on first read and kept; ``draw``
+    is let go once drawn, so what it holds (a trace session's token stream) lives only as
+    long as a prompt not yet drawn needs it.
 
     A trace gives lengths, and a mistaken or hostile one can give a length no deployment
     holds (300M tokens are gigabytes as a list): the simulator reads ``len()`` first and
@@ -115,12 +124,14 @@ class SyntheticPrompt(Sequence[int]):
         if n < 1:
             raise ValueError(f"n={n}: a prompt needs at least one token")
         self._n = n
-        self._draw = draw
+        self._draw: Callable[[int], list[int]] | None = draw
         self._ids: list[int] | None = None
 
     def tokens(self) -> list[int]:
         if self._ids is None:
+            assert self._draw is not None, "let go only once drawn"
             self._ids = self._draw(self._n)
+            self._draw = None
         return self._ids
 
     def __len__(self) -> int:
