@@ -339,8 +339,7 @@ class TraceWorkload:
         # not yet drawn hold it (their prompt's draw), and it goes with the last of them.
         # Held to the replay's end, every session's was: ~60 GB for 1M chat rows.
         streams: dict[int, _SessionStream] = {}
-        last_turn = {r.session_id: i for i, r in enumerate(self.records)
-                     if r.session_id is not None}
+        last_turn = _last_turns(self.records)
         for i, r in enumerate(self.records):
             if self.duration_s is not None and r.arrival_time >= self.duration_s:
                 return
@@ -354,7 +353,7 @@ class TraceWorkload:
                     self.tokens.sample, child_rng(self.seed, _TOKENS, key)))
             else:
                 prompt = SyntheticPrompt(r.prompt_tokens, self._stream(
-                    streams, r.session_id, last=last_turn[r.session_id] == i).prefix)
+                    streams, r.session_id, last=bool(last_turn[i])).prefix)
             yield RequestSpec(arrival_time=r.arrival_time, prompt_token_ids=prompt,
                               max_tokens=r.output_tokens, priority=priority,
                               session_id=r.session_id)
@@ -390,6 +389,18 @@ class TraceWorkload:
         if len(ids) < n:
             ids += self.tokens.sample(child_rng(self.seed, _TOKENS, i), n - len(ids))
         return ids[:n]
+
+
+def _last_turns(records: list[TraceRecord]) -> np.ndarray:
+    """Whether each record is its session's last turn (a byte a row, where a dict of
+    sessions would be ~100 bytes a session: a trace of 5M one-turn sessions)."""
+    sessions = np.fromiter((-1 if r.session_id is None else r.session_id for r in records),
+                           dtype=np.int64, count=len(records))
+    # np.unique's index is a value's first place: in the reversed rows, its last turn.
+    _, from_end = np.unique(sessions[::-1], return_index=True)
+    last = np.zeros(len(records), dtype=bool)
+    last[len(records) - 1 - from_end] = True
+    return last
 
 
 class _ClassDraws:
