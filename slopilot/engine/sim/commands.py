@@ -75,7 +75,7 @@ def _simulate(args: argparse.Namespace) -> int:
             raise ValueError(f"--replicas {args.replicas}: replicas={args.replicas} is not "
                              "a count; give at least 1")
         watch = DomainWatch() if scenario.profile is not None else None
-        run = _run(args, scenario, overrides, [] if watch is None else [watch])
+        run, workload = _run(args, scenario, overrides, [] if watch is None else [watch])
     except (ConfigError, ScenarioError, ProfileError, CostModelError, ValueError) as e:
         print(f"slopilot simulate: {e}", file=sys.stderr)
         return 2
@@ -92,7 +92,7 @@ def _simulate(args: argparse.Namespace) -> int:
     config = scenario.engine_config().with_overrides(overrides)
     # After the figures, as the profile's warnings: they qualify what the table says.
     for warning in (_too_long(scenario, config, run.summary), _cut(args, scenario),
-                    _thin(scenario)):
+                    _thin(scenario), _pace(args, scenario, workload)):
         if warning is not None:
             print(f"slopilot simulate: warning: {warning}", file=sys.stderr)
     if watch is not None and scenario.profile is not None:
@@ -147,6 +147,27 @@ def _cut(args: argparse.Namespace, scenario: Any) -> str | None:
     return None if out is None else out.text()
 
 
+def _pace(args: argparse.Namespace, scenario: Any, workload: Any) -> str | None:
+    """How many of a trace's follow-up turns the run sent before the previous turn's
+    answer had ended, with what scaled the gaps between them (``session_pace.py``)."""
+    from slopilot.engine.sim.trace import TraceWorkload
+
+    if not isinstance(workload, TraceWorkload):
+        return None
+    spec = scenario.workload
+    given = trace_options(args)
+    scaling = None
+    if spec.target_rate is not None:
+        by_flag = given.target_rate == spec.target_rate
+        scaling = (f"--target-rate {spec.target_rate:g}" if by_flag
+                   else f"the scenario's target_rate {spec.target_rate:g}")
+    elif spec.time_scale is not None:
+        by_flag = given.time_scale == spec.time_scale
+        scaling = (f"--time-scale {spec.time_scale:g}" if by_flag
+                   else f"the scenario's time_scale {spec.time_scale:g}")
+    return workload.pace.text(scaling, spec.scale())
+
+
 def load_profile_noting(path: str | Path, command: str) -> Any:
     """The ``CostProfile`` at ``path``; each reason it may be stale is a warning line of
     ``slopilot COMMAND`` on stderr (not a Python warning with its source line)."""
@@ -170,7 +191,7 @@ def attach_profile(scenario: Any, path: str, command: str) -> Any:
 
 
 def _run(args: argparse.Namespace, scenario: Any, overrides: dict[str, str],
-         observers: list[Any]) -> Any:
+         observers: list[Any]) -> tuple[Any, Any]:
     from slopilot.engine.sim.progress import ProgressReport
     from slopilot.engine.sim.simulator import Measure, simulate
     from slopilot.engine.sim.trace_scenario import replay_measure
@@ -181,17 +202,19 @@ def _run(args: argparse.Namespace, scenario: Any, overrides: dict[str, str],
     measure = (replay_measure(scenario) if args.duration is None
                else Measure.whole(args.duration))
     scenario.engine_config().with_overrides(overrides)  # a bad knob fails before the bar
+    # Built here, as simulate() would, to read what it counted (a trace's session pace).
+    workload = scenario.build_workload(seed=args.seed, duration_s=measure.horizon_s)
     if args.quiet:
         return simulate(scenario, overrides, measure=measure, replicas=args.replicas,
                         seed=args.seed, with_metrics=args.metrics_out is not None,
-                        observers=observers)
+                        observers=observers, workload=workload), workload
     with ProgressReport("simulate", measure.horizon_s, "s simulated",
                         rate_unit="sim-s/s") as bar:
         run = simulate(scenario, overrides, measure=measure, replicas=args.replicas,
                        seed=args.seed, with_metrics=args.metrics_out is not None,
-                       progress=bar.update, observers=observers)
+                       progress=bar.update, observers=observers, workload=workload)
         bar.finish()  # a replay's drain ends once its last request has finished
-        return run
+        return run, workload
 
 
 def _check_metrics_clash(args: argparse.Namespace, scenario: Any) -> None:

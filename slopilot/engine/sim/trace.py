@@ -36,6 +36,7 @@ from slopilot.engine.bounded_read import FileTooLarge, read_bounded
 from slopilot.engine.read_errors import unreadable
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.quote import excerpt
+from slopilot.engine.sim.session_pace import SessionPace, SessionTurns
 from slopilot.engine.sim.trace_fields import MAX_SECONDS, TraceError
 from slopilot.engine.sim.trace_formats import (
     FORMATS,
@@ -326,6 +327,11 @@ class TraceWorkload:
         self.tokens = TokenSampler(vocab_size)
         self.classes = classes or ClassMix.only(Priority.P1)
         self.duration_s = duration_s
+        self.pace = SessionPace()
+        """The last replay's follow-up turns sent before their previous answer ended."""
+        # (session, turn) -> its next turn's arrival, for each turn yielded and not yet
+        # answered or refused: what ``pace`` is counted from.
+        self._waiting: dict[tuple[int | None, int], float] = {}
 
     def initial(self) -> Iterator[RequestSpec]:
         # Prompts are drawn only when read (``SyntheticPrompt``): the simulator rejects
@@ -339,12 +345,23 @@ class TraceWorkload:
         # not yet drawn hold it (their prompt's draw), and it goes with the last of them.
         # Held to the replay's end, every session's was: ~60 GB for 1M chat rows.
         streams: dict[int, _SessionStream] = {}
-        last_turn = _last_turns(self.records)
+        turns = SessionTurns.of(self.records)
+        self.pace = SessionPace()
+        self._waiting.clear()
         for i, r in enumerate(self.records):
             if self.duration_s is not None and r.arrival_time >= self.duration_s:
                 return
             key = i if r.index is None else r.index
             priority = r.priority if r.priority is not None else classes.of(key)
+            turn, last = 0, True
+            if turns is not None and r.session_id is not None:
+                turn = int(turns.turn[i])
+                follows = float(turns.next_arrival[i])
+                # A next turn past the run's end never arrives: this is its last.
+                last = follows == math.inf or (self.duration_s is not None
+                                               and follows >= self.duration_s)
+                if not last:
+                    self._waiting[(r.session_id, turn)] = follows
             if r.prefix_blocks is not None:
                 prompt = SyntheticPrompt(r.prompt_tokens, functools.partial(
                     self._blocks, r.prefix_blocks, key))
@@ -353,16 +370,21 @@ class TraceWorkload:
                     self.tokens.sample, child_rng(self.seed, _TOKENS, key)))
             else:
                 prompt = SyntheticPrompt(r.prompt_tokens, self._stream(
-                    streams, r.session_id, last=bool(last_turn[i])).prefix)
+                    streams, r.session_id, last=last).prefix)
             yield RequestSpec(arrival_time=r.arrival_time, prompt_token_ids=prompt,
                               max_tokens=r.output_tokens, priority=priority,
-                              session_id=r.session_id)
+                              session_id=r.session_id, turn=turn)
 
     def on_finish(self, spec: RequestSpec, all_token_ids: list[int],
                   now: float) -> list[RequestSpec]:
+        follows = self._waiting.pop((spec.session_id, spec.turn), None)
+        if follows is not None:
+            self.pace.answered(follows, now)
         return []
 
     def on_rejected(self, spec: RequestSpec, now: float) -> list[RequestSpec]:
+        # No answer for the next turn to wait for (the trace sends it all the same).
+        self._waiting.pop((spec.session_id, spec.turn), None)
         return []
 
     def _stream(self, streams: dict[int, _SessionStream], session: int, *,
@@ -389,18 +411,6 @@ class TraceWorkload:
         if len(ids) < n:
             ids += self.tokens.sample(child_rng(self.seed, _TOKENS, i), n - len(ids))
         return ids[:n]
-
-
-def _last_turns(records: list[TraceRecord]) -> np.ndarray:
-    """Whether each record is its session's last turn (a byte a row, where a dict of
-    sessions would be ~100 bytes a session: a trace of 5M one-turn sessions)."""
-    sessions = np.fromiter((-1 if r.session_id is None else r.session_id for r in records),
-                           dtype=np.int64, count=len(records))
-    # np.unique's index is a value's first place: in the reversed rows, its last turn.
-    _, from_end = np.unique(sessions[::-1], return_index=True)
-    last = np.zeros(len(records), dtype=bool)
-    last[len(records) - 1 - from_end] = True
-    return last
 
 
 class _ClassDraws:

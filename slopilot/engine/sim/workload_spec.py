@@ -28,6 +28,7 @@ from slopilot.engine.sim.trace import (
     TraceError,
     TraceRecord,
     TraceWorkload,
+    mean_rate,
     rescale,
     window,
 )
@@ -83,6 +84,16 @@ class TraceSpec:
         if trace.stray is not None:
             trace.stray.refuse(picked)
         return rescale(picked, time_scale=self.time_scale, target_rate=self.target_rate)
+
+    def scale(self) -> float | None:
+        """The factor ``records()`` multiplies every time by (a ``target_rate``'s picked
+        from the cut's mean rate); None where neither field is given."""
+        if self.target_rate is None:
+            return self.time_scale
+        trace = read_cached(self.trace, self.fmt, self.model)
+        picked = window(trace.records, start_s=self.start_s, end_s=self.end_s,
+                        max_requests=self.max_requests)
+        return mean_rate(picked) / self.target_rate
 
     def build(self, *, seed: int, duration_s: float,
               vocab_size: int | None = None) -> TraceWorkload:
