@@ -6,12 +6,18 @@ each turn gets are those a stream grown as a list of ints gave, draw for draw.""
 from __future__ import annotations
 
 import gc
+import json
 import random
+from pathlib import Path
 
 import numpy as np
+import pytest
 
 from slopilot.engine.sim import trace
+from slopilot.engine.sim.scenario import load_scenario
+from slopilot.engine.sim.simulator import simulate
 from slopilot.engine.sim.trace import TraceRecord, TraceWorkload
+from slopilot.engine.sim.trace_scenario import TraceOptions, replay_measure, with_trace
 from slopilot.engine.sim.workload import SyntheticPrompt, TokenSampler, child_rng
 
 
@@ -101,3 +107,36 @@ def test_a_stream_holds_two_bytes_a_token_for_a_32k_vocabulary() -> None:
     assert isinstance(stream, trace._SessionStream)
     prompt[0]
     assert isinstance(stream.ids, np.ndarray) and stream.ids.nbytes == 4000 * 2
+
+
+class _ListGrownStream:
+    """The stream as it was: a list of ints, grown by ``TokenSampler.sample``."""
+
+    def __init__(self, sampler: TokenSampler, rng: np.random.Generator) -> None:
+        self.sampler = sampler
+        self.rng = rng
+        self.ids: list[int] = []
+
+    def prefix(self, n: int) -> list[int]:
+        if len(self.ids) < n:
+            self.ids.extend(self.sampler.sample(self.rng, n - len(self.ids)))
+        return self.ids[:n]
+
+
+def test_a_sessions_replay_gives_the_figures_the_list_grown_streams_gave(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A whole simulated replay, its prompts admitted in the simulator's order: every
+    figure (the prefix cache's hits among them) as it was with list-grown streams."""
+    rows = [{"arrival_time": r.arrival_time, "prompt_tokens": r.prompt_tokens * 20,
+             "output_tokens": 30, "session_id": r.session_id} for r in _sessions(30, 4)]
+    path = tmp_path / "chat.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    scenario = with_trace(load_scenario("azure-conv-2023"), TraceOptions(path=str(path)))
+
+    def replay() -> dict[str, object]:
+        return simulate(scenario, measure=replay_measure(scenario)).summary.to_dict()
+
+    now = replay()
+    monkeypatch.setattr(trace, "_SessionStream", _ListGrownStream)
+    assert now == replay()
+    assert isinstance(now["prefix_hit_rate"], float) and now["prefix_hit_rate"] > 0.5
