@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -180,7 +181,12 @@ def _check_reads_back(profile: Any, samples: Path) -> None:
 def _written(result: Any, args: argparse.Namespace) -> int:
     from slopilot.engine.sim.profile_file import write_profile
 
-    path = write_profile(result.profile, args.out)
+    try:
+        path = write_profile(result.profile, args.out)
+    except OSError as exc:  # checked before the timing; a path that changed since, a full disk
+        print(f"slopilot calibrate: --out {args.out}: cannot write: {exc.strerror or exc}",
+              file=sys.stderr)
+        return 1
     if args.json:
         print(json.dumps(_brief(result, path)))
     else:
@@ -213,11 +219,17 @@ def _check_outputs(args: argparse.Namespace) -> None:
 def _check_out(out: Path, flag: str = "--out") -> None:
     """Fail before minutes of timing if the file could not be written."""
     from slopilot.engine.calibrate.torch_target import CalibrationError
+    from slopilot.engine.sim.output_paths import NamedFile, check_output_target
 
     if out.is_dir():
         raise CalibrationError(f"{flag} {out}: is a directory; name a file, e.g. "
                                f"{out / ('profile.yaml' if flag == '--out' else 'samples.json')}")
-    parent = out.parent if str(out.parent) else Path(".")
+    try:
+        check_output_target(NamedFile(flag, str(out)))  # a device or FIFO would be replaced
+    except ValueError as exc:
+        raise CalibrationError(str(exc)) from None
+    # Probed where the write lands: through a symlink, the folder of the file it names.
+    parent = Path(os.path.realpath(out)).parent
     try:
         parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=parent, prefix=".slopilot-check-"):

@@ -219,7 +219,7 @@ def _run(args: argparse.Namespace, scenario: Any, overrides: dict[str, str],
 
 def _check_metrics_clash(args: argparse.Namespace, scenario: Any) -> None:
     """No metrics file may be one the run reads (the trace, the scenario, the profile)."""
-    from slopilot.engine.sim.output_paths import NamedFile, check_distinct
+    from slopilot.engine.sim.output_paths import NamedFile, check_distinct, check_output_target
     from slopilot.engine.sim.run_inputs import metrics_files, run_inputs
 
     files = metrics_files(args.metrics_out,
@@ -227,6 +227,8 @@ def _check_metrics_clash(args: argparse.Namespace, scenario: Any) -> None:
     outputs = [NamedFile("--metrics-out", args.metrics_out,
                          None if str(f) == str(Path(args.metrics_out)) else f)
                for f in files]
+    for out in outputs:  # each replica's FILE-rN.prom too, not only FILE
+        check_output_target(out)
     check_distinct(outputs, run_inputs(scenario, scenario_arg=args.scenario,
                                        trace_arg=args.trace, profile_arg=args.profile))
 

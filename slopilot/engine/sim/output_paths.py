@@ -10,11 +10,20 @@ too (``check_distinct``): ``simulate --trace t.csv --metrics-out t.csv`` wrote i
 metrics over the trace it had read, and ``calibrate --refit s.json --out s.json`` its
 profile over the only copy of the timings. Whatever the spelling: a symlink, a hard
 link or ``./`` leads to the same file.
+
+An output that exists and is no regular file (a device, a FIFO, a socket, a folder) is
+refused too (``check_output_file``, ``output_target``): the files are written to a
+temporary file and renamed over the path, so ``--out /dev/full`` made the machine's
+/dev/full a text file, and a FIFO a reader waited on a plain file. A symlink is written
+through: the file it leads to is replaced and the link stays a link (a metrics file
+linked into an exporter's folder keeps feeding it); where it leads must be a regular
+file or a new one in a folder that exists.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,13 +115,77 @@ def _what(out: NamedFile) -> str:
     return "folder" if out.folder or out.tree else "path"
 
 
+REGULAR_FIX = "give a regular file's path"
+
+
+class OutputTargetError(OSError, ValueError):
+    """A path an output would replace that is no regular file. Both an OSError (a write
+    that failed) and a ValueError (a bad flag value), for the callers that catch
+    either; the message is whole, naming the path, what it is and the fix."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def output_target(path: Path) -> Path:
+    """The file a write to ``path`` replaces: ``path``, or where its symlinks lead.
+    OutputTargetError where that exists and is no regular file, or is a link into a
+    folder that does not exist."""
+    problem, real = _target_problem(path)
+    if problem is not None:
+        raise OutputTargetError(f"{path}: {problem}; {REGULAR_FIX}")
+    return real
+
+
+def check_output_target(out: NamedFile) -> None:
+    """``output_target`` before the work: ValueError naming ``out``'s flag."""
+    problem, _ = _target_problem(out.file)
+    if problem is not None:
+        fix = ("remove it or give another folder" if out.folder or out.tree
+               else REGULAR_FIX)
+        raise ValueError(f"{out.said('writes')}: {problem}; {fix}")
+
+
+def _target_problem(path: Path) -> tuple[str | None, Path]:
+    linked = False
+    try:
+        real = Path(os.path.realpath(path))
+        linked = path.is_symlink()
+        st = os.stat(real)
+    except FileNotFoundError:
+        if linked and not real.parent.is_dir():
+            return (f"is a symlink to {real}, in a folder that does not exist", real)
+        return None, real
+    except OSError as exc:  # a loop of links, a folder that cannot be searched
+        return f"cannot be followed: {exc.strerror or exc}", path
+    except ValueError:  # a NUL in a path: refused where it is opened
+        return None, path
+    kind = _kind(st.st_mode)
+    if kind is None:
+        return None, real
+    said = f"is a symlink to {real}, which is {kind}" if linked else f"is {kind}"
+    return f"{said}, not a regular file (writing would replace it)", real
+
+
+def _kind(mode: int) -> str | None:
+    for test, kind in ((stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISFIFO, "a FIFO (named pipe)"),
+                       (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISDIR, "a folder")):
+        if test(mode):
+            return kind
+    return None if stat.S_ISREG(mode) else "no regular file"
+
+
 def check_output_file(path: str | Path, flag: str) -> None:
-    """``path`` can be written as a file: not a folder, in a folder that exists and
-    takes files. ValueError names ``flag``."""
+    """``path`` can be written as a file: a regular file or none yet (a symlink to
+    one), in a folder that exists and takes files. ValueError names ``flag``."""
     target = Path(path)
     if target.is_dir():
         raise ValueError(f"{flag} {path}: is a folder; give a file name in it, e.g. "
                          f"{target / 'metrics.prom'}")
+    check_output_target(NamedFile(flag, str(path)))
     folder = target.parent
     if not folder.is_dir():
         what = "is a file" if folder.exists() else "does not exist"
@@ -123,9 +196,10 @@ def check_output_file(path: str | Path, flag: str) -> None:
         raise ValueError(f"{flag} {path}: not writable; give a path you can write")
 
 
-def check_output_dir(path: str | Path, flag: str) -> None:
-    """``path`` is a folder or can be made one (its missing parents too). ValueError
-    names ``flag``."""
+def check_output_dir(path: str | Path, flag: str, files: Iterable[Path] = ()) -> None:
+    """``path`` is a folder or can be made one (its missing parents too), and none of
+    the ``files`` the command writes in it is there as something other than a regular
+    file. ValueError names ``flag``."""
     target = Path(path)
     if target.exists() and not target.is_dir():
         raise ValueError(f"{flag} {path}: is a file, not a folder; give a folder (it is "
@@ -139,6 +213,8 @@ def check_output_dir(path: str | Path, flag: str) -> None:
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ValueError(f"{flag} {path}: {existing} is not writable; give a folder you "
                          "can write")
+    for file in files:
+        check_output_target(NamedFile(flag, str(path), file, folder=True))
 
 
 def make_output_dir(path: str | Path, flag: str) -> Path:

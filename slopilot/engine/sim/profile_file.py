@@ -43,6 +43,7 @@ import yaml
 from slopilot.engine.bounded_read import FileTooLarge, read_bounded
 from slopilot.engine.models import REGISTRY
 from slopilot.engine.read_errors import unreadable
+from slopilot.engine.sim.output_paths import output_target
 from slopilot.engine.sim.profile_parse import parse_profile
 from slopilot.engine.sim.profile_types import (
     DEVICE_TYPES,
@@ -156,18 +157,21 @@ def write_text_atomically(target: Path, text: str) -> Path:
 
 
 def write_bytes_atomically(target: Path, data: bytes) -> Path:
-    """``write_text_atomically`` for bytes."""
+    """``write_text_atomically`` for bytes. A symlink is written through (the file it
+    leads to is replaced, the link stays); a device, FIFO, socket or folder at the path
+    is refused (``OutputTargetError``), never replaced by a file."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    real = output_target(target)  # checked again here: the path may have changed since
+    fd, tmp = tempfile.mkstemp(prefix=f".{real.name}.", suffix=".tmp", dir=real.parent)
     try:
         # mkstemp makes it 0600; the file gets the mode the one it replaces had, or that
         # a plain open() would give, so others who could read it still can.
-        os.fchmod(fd, _mode_for(target))
+        os.fchmod(fd, _mode_for(real))
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(tmp, target)
+        os.replace(tmp, real)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
