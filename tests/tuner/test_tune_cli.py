@@ -7,6 +7,7 @@ import json
 import os
 import shlex
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -494,10 +495,22 @@ def test_a_report_dir_that_cannot_be_made_is_refused_before_the_study(
 
 
 def test_a_report_that_cannot_be_written_keeps_the_verdict(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """The verdict is printed whatever happens to the report, which fails the command."""
+    from slopilot.tuner.tune import run as tune_run
+
     report = tmp_path / "report"
-    (report / "report.md").mkdir(parents=True)  # the report's own name taken by a folder
+    study = tune_run.run
+
+    def then_taken(*args: Any, **kwargs: Any) -> Any:
+        outcome = study(*args, **kwargs)
+        # The report's own name taken by a folder while the study ran (one there before
+        # it is refused up front): the writer refuses to replace it.
+        (report / "report.md").mkdir(parents=True)
+        return outcome
+
+    monkeypatch.setattr(tune_run, "run", then_taken)
     code = main(["tune", "--scenario", "tiny-cpu", "--trials", "1", "--duration", "4",
                  "--seeds", "1", "--quiet", "--report-dir", str(report)])
     captured = capsys.readouterr()

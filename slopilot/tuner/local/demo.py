@@ -33,7 +33,12 @@ from slopilot.engine.sim.scenario import Scenario, load_scenario
 from slopilot.engine.sim.twin import twin_label
 from slopilot.engine.window_summary import WindowSummary
 from slopilot.tuner.local.demo_files import RUN_FOLDER, check_demo_files
-from slopilot.tuner.local.demo_report import Sample, TrialMark, write_demo_report
+from slopilot.tuner.local.demo_report import (
+    Sample,
+    TrialMark,
+    demo_report_files,
+    write_demo_report,
+)
 from slopilot.tuner.local.demo_stops import DemoStops, StopPhase, stop_name
 from slopilot.tuner.local.demo_story import DemoResult, Narrator, RecordingAlerts, Story, p99s
 from slopilot.tuner.local.deployment import LocalDeployment
@@ -157,7 +162,7 @@ class DemoOptions:
                 or not 0 <= self.seed <= SEED_MAX:
             raise ValueError(f"--seed {self.seed}: expected a whole number >= 0 and at most "
                              f"{SEED_MAX}")
-        check_output_dir(self.report_dir, "--report-dir")
+        check_output_dir(self.report_dir, "--report-dir", demo_report_files(self.report_dir))
         if self.model is not None:
             try:
                 check_model(self.model)  # before the twin takes it for a model's name

@@ -204,7 +204,8 @@ def settings_from(args: argparse.Namespace) -> TuneSettings:
                          f"{SEED_MAX}")
     if args.report_dir is not None:
         # The report is written after the whole study: a bad folder is refused first.
-        check_output_dir(args.report_dir, "--report-dir")
+        from slopilot.tuner.study.report import report_files
+        check_output_dir(args.report_dir, "--report-dir", report_files(args.report_dir))
     if isinstance(args.storage, str):
         _check_storage_file(args.storage)
     _check_clashes(args, scenario, profile)
