@@ -191,8 +191,10 @@ def check_output_file(path: str | Path, flag: str) -> None:
         what = "is a file" if folder.exists() else "does not exist"
         raise ValueError(f"{flag} {path}: the folder {folder} {what}; create the folder "
                          "or give a path in an existing one")
-    if not os.access(folder, os.W_OK | os.X_OK) or (target.exists()
-                                                     and not os.access(target, os.W_OK)):
+    # Through a symlink the new file is made in the folder of the file it leads to.
+    written_in = Path(_resolved(target)).parent
+    if not os.access(written_in, os.W_OK | os.X_OK) or (target.exists()
+                                                        and not os.access(target, os.W_OK)):
         raise ValueError(f"{flag} {path}: not writable; give a path you can write")
 
 
