@@ -57,3 +57,23 @@ def test_demo_refuses_a_report_file_that_is_no_regular_file(
     path = tmp_path / name
     said = make_special(kind, path)
     _refused(["demo", "--report-dir", str(tmp_path)], tmp_path, path, said, capsys)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_tune_refuses_a_sqlite_storage_that_is_no_regular_file(
+        tmp_path: Path, kind: str, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # SQLite opens the path in place (no rename): nothing was replaced, but a FIFO or a
+    # device gave "disk I/O error" and a link into a missing folder "unable to open".
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the study ran before its storage was checked")
+
+    monkeypatch.setattr("slopilot.tuner.tune.run.run", never)
+    path = tmp_path / "study.db"
+    said = make_special(kind, path)
+    before = seen(path)
+    assert main(["tune", "--scenario", "tiny-cpu", "--storage", f"sqlite:///{path}"]) == 2
+    err = capsys.readouterr().err
+    assert f"--storage sqlite:///{path}" in err and re.search(said, err), err
+    assert "give a regular file's path" in err and "Traceback" not in err
+    assert seen(path) == before

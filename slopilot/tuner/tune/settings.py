@@ -265,7 +265,7 @@ def _check_storage_file(url: str) -> None:
 def _check_clashes(args: argparse.Namespace, scenario: Scenario, profile: str | None) -> None:
     """No file the study writes (its report after the last trial, its SQLite storage
     from the first) is one the run reads."""
-    from slopilot.engine.sim.output_paths import NamedFile, check_distinct
+    from slopilot.engine.sim.output_paths import NamedFile, check_distinct, check_output_target
     from slopilot.engine.sim.run_inputs import run_inputs
     from slopilot.tuner.study.report import report_files
     from slopilot.tuner.study.storage_url import shown, sqlite_file
@@ -274,6 +274,8 @@ def _check_clashes(args: argparse.Namespace, scenario: Scenario, profile: str | 
     db = sqlite_file(args.storage) if isinstance(args.storage, str) else None
     if db is not None:
         outputs.append(NamedFile("--storage", shown(args.storage), Path(db)))
+        # SQLite opens what stands there: a FIFO or a device gave a bare "disk I/O error".
+        check_output_target(outputs[-1])
     if args.report_dir is not None:
         outputs += [NamedFile("--report-dir", str(args.report_dir), f, folder=True)
                     for f in report_files(args.report_dir)]
