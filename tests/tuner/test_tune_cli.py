@@ -450,7 +450,8 @@ def test_a_study_stored_in_an_input_is_refused(
     ("adir", "{d}/adir is a folder; name a database file in it, e.g. "
              "sqlite:///{d}/adir/study.db"),
     ("afile/x.db", "{d}/afile is a file, not a folder; give a file in an existing folder"),
-    ("fifo", "{d}/fifo is not a regular file; give a database file"),
+    ("fifo", "{d}/fifo is a FIFO (named pipe), not a regular file; give a database file "
+             "(a regular file's path)"),
 ])
 def test_a_sqlite_storage_that_cannot_be_written_is_refused_before_any_work(
         tmp_path: Path, capsys: pytest.CaptureFixture[str],

@@ -116,6 +116,7 @@ def _what(out: NamedFile) -> str:
 
 
 REGULAR_FIX = "give a regular file's path"
+REPLACED = " (writing would replace it)"
 
 
 class OutputTargetError(OSError, ValueError):
@@ -133,8 +134,14 @@ def output_target(path: Path) -> Path:
     folder that does not exist."""
     problem, real = _target_problem(path)
     if problem is not None:
-        raise OutputTargetError(f"{path}: {problem}; {REGULAR_FIX}")
+        raise OutputTargetError(f"{path}: {problem}{REPLACED}; {REGULAR_FIX}")
     return real
+
+
+def output_problem(path: Path) -> str | None:
+    """What stands at ``path`` that no output may be written to ("is a FIFO (named
+    pipe), not a regular file"), for a file opened in place (SQLite's); None if none."""
+    return _target_problem(path)[0]
 
 
 def check_output_target(out: NamedFile) -> None:
@@ -143,7 +150,7 @@ def check_output_target(out: NamedFile) -> None:
     if problem is not None:
         fix = ("remove it or give another folder" if out.folder or out.tree
                else REGULAR_FIX)
-        raise ValueError(f"{out.said('writes')}: {problem}; {fix}")
+        raise ValueError(f"{out.said('writes')}: {problem}{REPLACED}; {fix}")
 
 
 def _target_problem(path: Path) -> tuple[str | None, Path]:
@@ -152,7 +159,8 @@ def _target_problem(path: Path) -> tuple[str | None, Path]:
         real = Path(os.path.realpath(path))
         linked = path.is_symlink()
         st = os.stat(real)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # none yet, or a file for a folder:
+        # nothing to replace; the folder checks after this one name it
         if linked and not real.parent.is_dir():
             return (f"is a symlink to {real}, in a folder that does not exist", real)
         return None, real
@@ -164,7 +172,7 @@ def _target_problem(path: Path) -> tuple[str | None, Path]:
     if kind is None:
         return None, real
     said = f"is a symlink to {real}, which is {kind}" if linked else f"is {kind}"
-    return f"{said}, not a regular file (writing would replace it)", real
+    return f"{said}, not a regular file", real
 
 
 def _kind(mode: int) -> str | None:

@@ -228,6 +228,7 @@ def _check_storage_file(url: str) -> None:
     are, before any work: SQLAlchemy's "unable to open database file" names neither the
     flag nor the folder. SQLite writes its journal beside the file, so its folder must
     take new files even where the file exists."""
+    from slopilot.engine.sim.output_paths import output_problem
     from slopilot.tuner.study.storage_url import shown, sqlite_file
 
     db = sqlite_file(url)
@@ -238,8 +239,12 @@ def _check_storage_file(url: str) -> None:
     if path.is_dir():
         raise ValueError(f"{said}: {path} is a folder; name a database file in it, e.g. "
                          f"sqlite:///{path / 'study.db'}")
-    if path.exists() and not path.is_file():
-        raise ValueError(f"{said}: {path} is not a regular file; give a database file")
+    # SQLite opens what stands there: a FIFO or a device gave a bare "disk I/O error",
+    # a symlink into a missing folder "unable to open database file".
+    problem = output_problem(path)
+    if problem is not None:
+        raise ValueError(f"{said}: {path} {problem}; give a database file (a regular "
+                         "file's path)")
     folder = path.parent
     if not folder.exists():
         raise ValueError(f"{said}: the folder {folder} does not exist; create it or give a "
@@ -265,7 +270,7 @@ def _check_storage_file(url: str) -> None:
 def _check_clashes(args: argparse.Namespace, scenario: Scenario, profile: str | None) -> None:
     """No file the study writes (its report after the last trial, its SQLite storage
     from the first) is one the run reads."""
-    from slopilot.engine.sim.output_paths import NamedFile, check_distinct, check_output_target
+    from slopilot.engine.sim.output_paths import NamedFile, check_distinct
     from slopilot.engine.sim.run_inputs import run_inputs
     from slopilot.tuner.study.report import report_files
     from slopilot.tuner.study.storage_url import shown, sqlite_file
@@ -274,8 +279,6 @@ def _check_clashes(args: argparse.Namespace, scenario: Scenario, profile: str | 
     db = sqlite_file(args.storage) if isinstance(args.storage, str) else None
     if db is not None:
         outputs.append(NamedFile("--storage", shown(args.storage), Path(db)))
-        # SQLite opens what stands there: a FIFO or a device gave a bare "disk I/O error".
-        check_output_target(outputs[-1])
     if args.report_dir is not None:
         outputs += [NamedFile("--report-dir", str(args.report_dir), f, folder=True)
                     for f in report_files(args.report_dir)]
