@@ -79,6 +79,10 @@ def _simulate(args: argparse.Namespace) -> int:
     except (ConfigError, ScenarioError, ProfileError, CostModelError, ValueError) as e:
         print(f"slopilot simulate: {e}", file=sys.stderr)
         return 2
+    from slopilot.engine.sim.trace import TraceWorkload
+
+    # The replay's records, as the run built them: each spec.records() rescales them all.
+    records = workload.records if isinstance(workload, TraceWorkload) else None
     if args.json:
         print(json.dumps(simulate_json(run.summary, scenario.slo), indent=None,
                          sort_keys=True))
@@ -88,11 +92,12 @@ def _simulate(args: argparse.Namespace) -> int:
 
         spec = scenario.workload
         print_summary(run.summary, scenario.slo,
-                      note=replay_note(spec) if isinstance(spec, TraceSpec) else "")
+                      note=replay_note(spec, records, workload.duration_s)
+                      if records is not None and isinstance(spec, TraceSpec) else "")
     config = scenario.engine_config().with_overrides(overrides)
     # After the figures, as the profile's warnings: they qualify what the table says.
     for warning in (_too_long(scenario, config, run.summary), _cut(args, scenario),
-                    _thin(scenario), _pace(args, scenario, workload)):
+                    _thin(scenario, records), _pace(args, scenario, workload)):
         if warning is not None:
             print(f"slopilot simulate: warning: {warning}", file=sys.stderr)
     if watch is not None and scenario.profile is not None:
@@ -121,16 +126,14 @@ def _too_long(scenario: Any, config: Any, summary: Any) -> str | None:
     return counted.text() if counted is not None and counted.warns else None
 
 
-def _thin(scenario: Any) -> str | None:
+def _thin(scenario: Any, records: list[Any] | None) -> str | None:
     """The replay's span and rate in words where it averages under one request a
-    minute (``trace_pace.py``)."""
+    minute (``trace_pace.py``); ``records``: the replay's, None for no trace."""
     from slopilot.engine.sim.trace_pace import thin
-    from slopilot.engine.sim.workload_spec import TraceSpec
 
-    spec = scenario.workload
-    if not isinstance(spec, TraceSpec):
+    if records is None:
         return None
-    out = thin(spec, spec.records())
+    out = thin(scenario.workload, records)
     return None if out is None else out.text()
 
 

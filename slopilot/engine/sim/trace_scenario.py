@@ -13,6 +13,7 @@ second after the last arrival would leave the last ones unfinished on an idle en
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from pathlib import Path
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.scenario import Scenario, ScenarioError
 from slopilot.engine.sim.simulator import Measure
-from slopilot.engine.sim.trace import BUILTIN_TRACES, MAX_TARGET_RATE, TraceError
+from slopilot.engine.sim.trace import BUILTIN_TRACES, MAX_TARGET_RATE, TraceError, TraceRecord
 from slopilot.engine.sim.trace_formats import FORMATS, TRACE_DEPLOYMENT
 from slopilot.engine.sim.workload import ClassMix
 from slopilot.engine.sim.workload_spec import TraceSpec
@@ -174,18 +175,28 @@ def with_trace(scenario: Scenario, options: TraceOptions) -> Scenario:
                                duration_s=math.floor(records[-1].arrival_time) + 1.0)
 
 
-def replay_note(spec: TraceSpec) -> str:
+def replay_note(spec: TraceSpec, records: list[TraceRecord],
+                until_s: float | None = None) -> str:
     """What a run replays, for ``simulate``'s title: its requests and their span, and for
     Mooncake's JSONL the unit its times were read in. Milliseconds cannot be told from
     seconds by their values: a file converted to seconds replays 1000 times faster, and
-    the span is where that shows (docs/traces.md)."""
+    the span is where that shows (docs/traces.md). ``records``: ``spec``'s, as the run
+    replayed them (read once: a million rows' rescale is seconds); ``until_s``: the run's
+    end (``--duration``), past which none arrived."""
     from slopilot.engine.sim.distribution_spec import read_cached
 
-    records = spec.records()
+    if until_s is not None:
+        records = records[:bisect.bisect_left(records, until_s, key=_arrival)]
+    if not records:
+        return f"the trace replays no request before {until_s:g} s"
     span = records[-1].arrival_time - records[0].arrival_time
     unit = (" (Mooncake's timestamps read as milliseconds)"
             if read_cached(spec.trace, spec.fmt, spec.model).fmt == "mooncake" else "")
     return f"the trace replays {len(records):,} requests over {span:,g} s{unit}"
+
+
+def _arrival(record: TraceRecord) -> float:
+    return record.arrival_time
 
 
 def replay_measure(scenario: Scenario) -> Measure:

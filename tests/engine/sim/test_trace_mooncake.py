@@ -204,3 +204,15 @@ def test_simulates_title_says_the_span_it_replays_and_the_unit_it_read(
     assert main(["simulate", "--scenario", "tiny-cpu", "--trace", str(csv), "--quiet"]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "; the trace replays 10 requests over 4.5 s" in out and "Mooncake" not in out, out
+
+
+def test_simulates_title_counts_only_what_arrives_before_duration(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # The title said "replays 1,783 requests over 379 s" of a --duration that let 51 in.
+    csv = tmp_path / "t.csv"
+    csv.write_text("arrival_time,prompt_tokens,output_tokens\n"
+                   + "".join(f"{t * 0.5:.1f},300,20\n" for t in range(10)))
+    assert main(["simulate", "--scenario", "tiny-cpu", "--trace", str(csv), "--quiet",
+                 "--duration", "2"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "; the trace replays 4 requests over 1.5 s" in out, out
