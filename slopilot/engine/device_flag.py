@@ -16,9 +16,10 @@ def check_device(device: str) -> None:
     """Refuse a device this machine does not have before any model is loaded. torch is
     imported only for ``cuda``: serve checks a CPU device before its OpenMP placement,
     which must be set before torch loads (cpu_threads.py)."""
-    kind, _, index = device.partition(":")
-    if kind not in ("cpu", "cuda") or (index and (kind == "cpu" or not index.isdigit())):
-        raise DeviceError(f"--device {device!r}: use cpu, cuda or cuda:N")
+    kind, sep, index = device.partition(":")
+    # cpu:0 is torch's too (serve took it before this check); "cuda:" is no device.
+    if kind not in ("cpu", "cuda") or (sep and not (index.isascii() and index.isdigit())):
+        raise DeviceError(f"--device {device!r}: use cpu, cuda or cuda:N (or cpu:N)")
     if kind != "cuda":
         return
     import torch

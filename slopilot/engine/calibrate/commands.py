@@ -142,8 +142,9 @@ def _refit(args: argparse.Namespace) -> int:
         if args.model is not None or args.samples_out is not None:
             raise CalibrationError("--refit fits timings already taken: it takes no "
                                    "--model or --samples-out (the file names its model)")
+        # "is", not "in (None, False)": 0 == False, and --threads 0 was let through.
         timing = [flag for flag, name in _TIMING_FLAGS
-                  if getattr(args, name) not in (None, False)]
+                  if getattr(args, name) is not None and getattr(args, name) is not False]
         if timing:
             raise CalibrationError(
                 f"--refit fits timings already taken: it takes no {', '.join(timing)} "

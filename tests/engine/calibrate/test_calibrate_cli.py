@@ -80,7 +80,7 @@ def test_cuda_graphs_without_a_cuda_device(tiny: Path, tmp_path: Path, flag: str
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--device", "tpu"], "--device 'tpu': use cpu, cuda or cuda:N"),
+    (["--device", "tpu"], "--device 'tpu': use cpu, cuda or cuda:N (or cpu:N)"),
     (["--threads", "0"], "--threads 0: expected at least 1"),
     (["--token-budget", "64"], "--token-budget 64: expected 128 to 16384"),
     (["--max-context", "100000"], "--max-context 100000 exceeds"),

@@ -374,6 +374,8 @@ def test_a_key_given_twice_in_a_samples_file_is_refused(tmp_path: Path) -> None:
     ["--decode-graphs", "off"], ["--piecewise-graphs", "off"], ["--token-budget", "64"],
     ["--max-num-seqs", "8"], ["--max-context", "256"], ["--kv-cache-gb", "1"],
     ["--device", "cuda", "--threads", "4", "--quick", "--repeats", "9"],  # in --help order
+    # 0 == False: "not in (None, False)" let a zero through.
+    ["--threads", "0"], ["--repeats", "0"], ["--kv-cache-gb", "0"],
 ])
 def test_a_refit_refuses_the_flags_that_time_where_given(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str]) -> None:

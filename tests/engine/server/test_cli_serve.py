@@ -154,9 +154,10 @@ def test_bad_options_exit_2(args: list[str], words: str,
 
 
 @pytest.mark.parametrize(("args", "words"), [
-    (["--device", "tpu"], "--device 'tpu': use cpu, cuda or cuda:N"),
-    (["--device", "cuda:x"], "--device 'cuda:x': use cpu, cuda or cuda:N"),
-    (["--device", "cpu:0"], "--device 'cpu:0': use cpu, cuda or cuda:N"),
+    (["--device", "tpu"], "--device 'tpu': use cpu, cuda or cuda:N (or cpu:N)"),
+    (["--device", "cuda:x"], "--device 'cuda:x': use cpu, cuda or cuda:N (or cpu:N)"),
+    (["--device", "cuda:"], "--device 'cuda:': use cpu, cuda or cuda:N (or cpu:N)"),
+    (["--device", "cpu:"], "--device 'cpu:': use cpu, cuda or cuda:N (or cpu:N)"),
     (["--scenario", "tiny-cpu"], "--scenario applies to --executor simulated only"),
     (["--tp", "2"], "--tp applies to --executor simulated only"),
 ])
@@ -400,3 +401,12 @@ def test_the_help_says_where_serve_listens_by_default(
         main(["serve", "--help"])
     out = " ".join(capsys.readouterr().out.split())
     assert "default 127.0.0.1: this machine only; 0.0.0.0 for every interface" in out
+
+
+def test_cpu_0_is_a_device_as_torch_takes_it() -> None:
+    """serve took --device cpu:0 (torch's name for the CPU) before the shared check
+    refused it."""
+    from slopilot.engine.device_flag import check_device
+
+    check_device("cpu:0")
+    check_device("cpu")
