@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from slopilot.cli import main
+from tests.support.bad_hosts import BAD_HOSTS
 
 LOOPBACK = ["--host", "127.0.0.1", "--port", "0"]
 """Where a meter whose ``uvicorn.Server.run`` a test replaced listens: it binds before
@@ -241,13 +242,7 @@ def test_a_port_already_taken_is_named_with_its_flag(
     assert "Errno" not in err
 
 
-@pytest.mark.parametrize(("host", "words"), [
-    # The resolver's words vary with the machine's (no network: "Temporary failure").
-    ("no.such.host.invalid", "--host no.such.host.invalid: cannot listen on "
-                             "no.such.host.invalid:0: "),
-    ("192.0.2.1", "--host 192.0.2.1: cannot listen on 192.0.2.1:0: Cannot assign "
-                  "requested address; give an address of this machine"),  # TEST-NET-1
-])
+@pytest.mark.parametrize(("host", "words"), BAD_HOSTS)
 def test_a_host_that_cannot_be_listened_on_is_named_with_its_flag(
         tmp_path: Path, host: str, words: str, capsys: pytest.CaptureFixture[str]) -> None:
     code = _exit_code(["meter", "--upstream", "http://127.0.0.1:8001", "--slo-file",

@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.support.bad_hosts import BAD_HOSTS
 from tests.support.waits import HANG_GUARD_S, wait_for
 
 
@@ -176,13 +177,7 @@ def test_bad_torch_options_exit_2_before_a_model_loads(
     assert "Traceback" not in err
 
 
-@pytest.mark.parametrize(("host", "words"), [
-    # The resolver's words vary with the machine's (no network: "Temporary failure").
-    ("no.such.host.invalid", "--host no.such.host.invalid: cannot listen on "
-                             "no.such.host.invalid:0: "),
-    ("192.0.2.1", "--host 192.0.2.1: cannot listen on 192.0.2.1:0: Cannot assign "
-                  "requested address; give an address of this machine"),  # TEST-NET-1
-])
+@pytest.mark.parametrize(("host", "words"), BAD_HOSTS)
 def test_a_host_that_cannot_be_listened_on_is_named_with_its_flag(
         host: str, words: str, capsys: pytest.CaptureFixture[str]) -> None:
     """It was blamed on the port: "--port 0: ... stop what holds it or pick another
