@@ -124,3 +124,47 @@ def test_a_csvs_sessions_are_read_as_a_jsonl_rows_are(tmp_path: Path) -> None:
     other = _write(tmp_path, "s.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
     assert [r.session_id for r in read_trace(path)] == [0, None, 0, 1, 1]
     assert read_trace(path) == read_trace(other)
+
+
+def test_a_csvs_64_bit_session_ids_stay_apart_as_a_jsonl_rows_do(tmp_path: Path) -> None:
+    # Keyed by float(text), 9223372036854775806 and ...807 (a hash's or a snowflake's ids)
+    # were one session, one token stream: prefix hits that never happened. "0042" (an id
+    # string) and "42" were one too. 1e3 and 1000 are one number, as JSON reads them.
+    ids: list[tuple[str, object]] = [
+        ("9223372036854775806", 9223372036854775806), ("9223372036854775807", 9223372036854775807),
+        ("0042", "0042"), ("42", 42), ("1e3", 1e3), ("1000", 1000), ("1.0", 1.0), ("+1", 1)]
+    csv_rows, json_rows = [], []
+    for i, (text, value) in enumerate(ids + ids):
+        t, prompt = float(i), 100 * (i + 1)
+        csv_rows.append(f"{t},{prompt},5,{text}\n")
+        json_rows.append(json.dumps({"arrival_time": t, "prompt_tokens": prompt,
+                                     "output_tokens": 5, "session_id": value}) + "\n")
+    path = _write(tmp_path, "s.csv", "arrival_time,prompt_tokens,output_tokens,session_id\n"
+                  + "".join(csv_rows))
+    other = _write(tmp_path, "s.jsonl", "".join(json_rows))
+    assert [r.session_id for r in read_trace(path)] == [0, 1, 2, 3, 4, 4, 5, 5] * 2
+    assert read_trace(path) == read_trace(other)
+
+
+@pytest.mark.parametrize("text", ["1.5", "9007199254740993.0", "1e400", "nan", "inf", "1_0",
+                                  "١٢"])
+def test_a_session_id_no_whole_number_is_keyed_as_its_text(tmp_path: Path, text: str) -> None:
+    # Past 2**53 a float is no longer exact: 9007199254740993.0 and ...992.0 would be one.
+    path = _write(tmp_path, "s.csv", "arrival_time,prompt_tokens,output_tokens,session_id\n"
+                  f"0,100,5,{text}\n1,200,5,{text}\n2,300,5,9007199254740992\n")
+    assert [r.session_id for r in read_trace(path)] == [0, 0, 1]
+
+
+def test_a_trailing_comma_is_named_an_empty_header_name_not_pandas_index(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # Column 4 was warned of as "unnamed: pandas' index?"; pandas writes its index first.
+    path = _write(tmp_path, "t.csv", "TIMESTAMP,ContextTokens,GeneratedTokens,\n0,374,44,\n")
+    index = _write(tmp_path, "i.csv", ",TIMESTAMP,ContextTokens,GeneratedTokens\n7,0,374,44\n")
+    with caplog.at_level(logging.WARNING):
+        read_trace(path)
+        read_trace(index)
+    said = [r.getMessage() for r in caplog.records if r.name in LOGGERS]
+    assert len(said) == 2, said
+    assert "1 column not read: column 4 (an empty header name)" in said[0]
+    assert "pandas" not in said[0]
+    assert "1 column not read: column 1 (unnamed: pandas' index?)" in said[1]
