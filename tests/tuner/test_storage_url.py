@@ -11,7 +11,7 @@ from urllib.parse import quote
 import pytest
 
 from slopilot.tuner.study.storage import StudyStorageError, open_study
-from slopilot.tuner.study.storage_url import redacted
+from slopilot.tuner.study.storage_url import redacted, shown
 
 DRIVER = ('(psycopg2.OperationalError) connection to server at "127.0.0.1", port 1 failed: '
           "Connection refused\n\tIs the server running on that host and accepting TCP/IP "
@@ -63,3 +63,33 @@ def test_an_unreachable_database_names_the_drivers_error_readably() -> None:
     assert "postgresql://postgres:***@127.0.0.1:1/db" in text, text
     assert "OperationalError) connection" in text and "port 1 failed" in text, text
     assert "accepting TCP/IP" in text and "https://sqlalche.me" in text, text
+
+
+@pytest.mark.parametrize("query, hidden", [
+    ("password=hunter2", "password=***"),
+    ("sslmode=require&sslpassword=key%20pass", "sslmode=require&sslpassword=***"),
+    ("PassWord=hunter2&application_name=tune", "PassWord=***&application_name=tune"),
+])
+def test_a_password_in_the_query_is_hidden_too(query: str, hidden: str) -> None:
+    # libpq takes password= (and sslpassword=, a client key's) in the query: tune
+    # --storage '...?password=hunter2' printed it in every "cannot open" message.
+    url = f"postgresql://admin@127.0.0.1:1/study?{query}"
+    assert shown(url) == f"postgresql://admin@127.0.0.1:1/study?{hidden}"
+    assert "hunter2" not in shown(url.replace("postgresql:", "not a url:"))
+    secret = "hunter2" if "hunter2" in query else "key pass"
+    driver = f"dsn: host=127.0.0.1 user=admin password={secret} dbname=study"
+    assert redacted(f"cannot open {url}: {driver}", url) == \
+        f"cannot open {shown(url)}: dsn: host=127.0.0.1 user=admin password=*** dbname=study"
+    # Only where it stands as the password: a short one leaves the driver's words whole.
+    short = "postgresql://admin@127.0.0.1:1/study?password=p"
+    assert redacted(DRIVER, short) == DRIVER
+
+
+def test_an_unreachable_database_hides_a_query_password() -> None:
+    if not any(importlib.util.find_spec(d) for d in ("psycopg", "psycopg2")):
+        pytest.skip("no PostgreSQL driver (psycopg or psycopg2) installed")
+    with pytest.raises(StudyStorageError) as caught:
+        open_study("postgresql://admin@127.0.0.1:1/study?password=hunter2", "x")
+    text = str(caught.value)
+    assert "hunter2" not in text, text
+    assert "'postgresql://admin@127.0.0.1:1/study?password=***'" in text, text

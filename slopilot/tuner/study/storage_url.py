@@ -33,30 +33,45 @@ def sqlite_file(url: str) -> str | None:
     return None if not db or db == ":memory:" else str(db)
 
 
+_QUERY_SECRETS = ("password", "sslpassword")
+"""The query keys libpq reads as secrets (``?password=PASS``: the URL's own password
+field is not the only place one is given)."""
+_QUERY_SECRET = re.compile(r"(?<=[?&])((?:ssl)?password=)[^&#]*", re.I)
+
+
 def shown(url: str) -> str:
-    """``url`` fit for a message, a log or a status: the password replaced by ***."""
+    """``url`` fit for a message, a log or a status: the password replaced by ***, the
+    user's and the query's (``password=``, ``sslpassword=``)."""
     parsed = parse_storage_url(url)
     if parsed is None:  # no URL to parse: hide whatever stands before an @
         host = url.rpartition("@")[2]
-        return ("***@" if "@" in url else "") + host[:80]
-    return parsed.render_as_string(hide_password=True)
+        return _QUERY_SECRET.sub(r"\1***", ("***@" if "@" in url else "") + host[:80])
+    return _QUERY_SECRET.sub(r"\1***", parsed.render_as_string(hide_password=True))
+
+
+def _secrets(parsed: URL) -> list[str]:
+    """The URL's password and its query's secret values, as the driver was given them."""
+    found = [str(parsed.password)] if parsed.password else []
+    for key, value in parsed.query.items():
+        if key.lower() in _QUERY_SECRETS:
+            found += [v for v in ((value,) if isinstance(value, str) else value) if v]
+    return found
 
 
 def redacted(text: str, url: str) -> str:
     """``text`` (e.g. a driver's error, or a command holding ``url``) with ``url``'s
-    password, if any, blotted out where it stands as the password: the URL as given (or
-    shell-quoted), ``user:PASS@`` and ``password=PASS``. Not every occurrence: a short
-    password (``p``) would blot the driver's own words ("***syco***g") out with it."""
+    password and its query's ``password``/``sslpassword``, if any, blotted out where
+    each stands as a password: the URL as given (or shell-quoted), ``user:PASS@`` and
+    ``password=PASS``. Not every occurrence: a short password (``p``) would blot the
+    driver's own words ("***syco***g") out with it."""
     out = text
     if shlex.quote(url) != url:  # first: the quoted form may hold the URL as given
         out = out.replace(shlex.quote(url), shlex.quote(shown(url)))
     out = out.replace(url, shown(url))
     parsed = parse_storage_url(url)
-    secret = parsed.password if parsed is not None else None
-    if not secret:
-        return out
-    forms = {str(secret), urllib.parse.quote(str(secret), safe=""),
-             urllib.parse.quote(str(secret))}
+    secrets = _secrets(parsed) if parsed is not None else []
+    forms = {form for secret in secrets for form in
+             (secret, urllib.parse.quote(secret, safe=""), urllib.parse.quote(secret))}
     for form in sorted(forms, key=len, reverse=True):
         found = re.escape(form)
         out = re.sub(rf"(?<=:){found}(?=@)", "***", out)
