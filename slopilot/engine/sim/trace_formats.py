@@ -108,6 +108,8 @@ def _generic_records(rows: Iterator[tuple[int, list[str]]], header: list[str] | 
     # Looked up once, not per row: a million rows' lookups were seconds.
     at, said = table.column["arrival_time"], table.said("arrival_time")
     session_at, has_class = table.column.get("session_id"), table.has("class")
+    prompt_at, prompt_said = table.column["prompt_tokens"], table.said("prompt_tokens")
+    output_at, output_said = table.column["output_tokens"], table.said("output_tokens")
     for line, row in table.rows():
         session = None
         if session_at is not None and (given := row[session_at].strip()):
@@ -117,7 +119,8 @@ def _generic_records(rows: Iterator[tuple[int, list[str]]], header: list[str] | 
                                                                len(sessions))
         records.append(TraceRecord(
             clock.read(row[at], line, said),
-            table.count(row, "prompt_tokens", line), table.count(row, "output_tokens", line),
+            token_count(row[prompt_at], label, line, prompt_said, lo=1),
+            token_count(row[output_at], label, line, output_said, lo=1),
             table.priority(row, line) if has_class else None, session))
         if lines is not None:
             lines.append(line)
