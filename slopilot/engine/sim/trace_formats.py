@@ -214,11 +214,12 @@ class CsvTable:
         """Each row that is not blank, with its line, checked against the header's width;
         the blank ones (no value in any field: ``,,``) are counted, and the count logged
         once they are all read."""
-        blank: list[int] = []
+        blank, first_blank = 0, 0  # a count, not each line: a file of ,, rows is no list
         first = self.first
         for line, row in self.numbered:
             if not row or not "".join(row).strip():
-                blank.append(line)
+                blank += 1
+                first_blank = first_blank or line
                 continue
             # The first field first: joining every row's fields cost an Azure CSV 12-18%.
             if row[0].strip() == first and ",".join(f.strip() for f in row) == self.shown:
@@ -230,8 +231,8 @@ class CsvTable:
             yield line, row
         if blank:
             log.warning("%s: skipped %s blank row%s (no value in any field; the first on "
-                        "line %d)", self.label, f"{len(blank):,}",
-                        "" if len(blank) == 1 else "s", blank[0])
+                        "line %d)", self.label, f"{blank:,}", "" if blank == 1 else "s",
+                        first_blank)
 
     def priority(self, row: list[str], line: int) -> Priority | None:
         """The row's class, None where the header has no class column or the field is
