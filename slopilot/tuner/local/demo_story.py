@@ -79,9 +79,8 @@ def summary_lines(result: DemoResult) -> list[str]:
     """The command's closing summary: each episode on its own line, as printed."""
     episodes = (_plural(len(result.episodes), "episode") if result.episodes
                 else "no episode (no trial, commit or scale)")
-    if not result.report_written:
-        return [f"stopped by {result.stopped_by or 'an error'} before the report was written: "
-                f"no report"]
+    if result.stopped_by and not result.report_written:
+        return [f"stopped by {result.stopped_by} before the report was written: no report"]
     lines = [f"summary: {episodes}, {_plural(result.trials, 'trial')}; report {result.report}"]
     if result.stopped_at_s is not None:
         lines.append(f"  stopped by {result.stopped_by} at t+{result.stopped_at_s:.1f}s: the "
