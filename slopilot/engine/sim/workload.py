@@ -97,7 +97,9 @@ class TokenSampler:
         self.vocab_size = vocab_size
 
     def sample(self, rng: np.random.Generator, n: int) -> list[int]:
-        ids: list[int] = self.sample_array(rng, n).tolist()
+        # Straight to ints: every prompt without a session is drawn here, and the narrow
+        # copy sample_array makes for a held stream would be one more per request.
+        ids: list[int] = rng.integers(RESERVED_TOKEN_IDS, self.vocab_size, n).tolist()
         return ids
 
     def sample_array(self, rng: np.random.Generator, n: int) -> np.ndarray:

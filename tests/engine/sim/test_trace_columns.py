@@ -12,14 +12,9 @@ import pytest
 
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.trace import TraceError, read_trace
+from tests.engine.sim.test_trace import write
 
 LOGGERS = ("slopilot.engine.sim.trace_formats", "slopilot.engine.sim.trace_public")
-
-
-def _write(tmp_path: Path, name: str, text: str) -> Path:
-    path = tmp_path / name
-    path.write_text(text)
-    return path
 
 
 @pytest.mark.parametrize("header, fmt", [
@@ -33,7 +28,7 @@ def _write(tmp_path: Path, name: str, text: str) -> Path:
 ])
 def test_a_class_beside_a_public_header_is_read(tmp_path: Path, header: str,
                                                 fmt: str | None) -> None:
-    path = _write(tmp_path, "t.csv", f"{header}\n0,100,10,p0\n1,100,10,p2\n2,100,10,\n")
+    path = write(tmp_path, "t.csv", f"{header}\n0,100,10,p0\n1,100,10,p2\n2,100,10,\n")
     assert [r.priority for r in read_trace(path, fmt=fmt)] == [Priority.P0, Priority.P2, None]
 
 
@@ -47,7 +42,7 @@ def test_a_column_no_format_reads_is_named_once(tmp_path: Path, header: str, fmt
                                                caplog: pytest.LogCaptureFixture) -> None:
     n = header.count(",") - 4
     rows = "".join(f"{i},{'m,' * n}100,10,a,b\n" for i in range(3))
-    path = _write(tmp_path, "t.csv", f"{header}\n{rows}")
+    path = write(tmp_path, "t.csv", f"{header}\n{rows}")
     with caplog.at_level(logging.WARNING):
         assert len(read_trace(path, fmt=fmt)) == 3
     said = [r.getMessage() for r in caplog.records if r.name in LOGGERS]
@@ -58,9 +53,9 @@ def test_a_column_no_format_reads_is_named_once(tmp_path: Path, header: str, fmt
 def test_known_columns_raise_no_warning(tmp_path: Path,
                                         caplog: pytest.LogCaptureFixture) -> None:
     # BurstGPT's own columns are documented as unread: no warning for its own file.
-    path = _write(tmp_path, "b.csv", "Timestamp,Model,Request tokens,Response tokens,"
+    path = write(tmp_path, "b.csv", "Timestamp,Model,Request tokens,Response tokens,"
                   "Total tokens,Log Type\n5,ChatGPT,472,18,490,Conversation log\n")
-    other = _write(tmp_path, "a.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n0,5,5\n")
+    other = write(tmp_path, "a.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n0,5,5\n")
     with caplog.at_level(logging.WARNING):
         read_trace(path)
         read_trace(other)
@@ -73,21 +68,21 @@ def test_a_whole_float_is_a_class_as_it_is_a_length(tmp_path: Path, value: str,
                                                     expected: Priority) -> None:
     # pandas writes a class column of numbers as 1.0 once it held a NaN, as it does a
     # length (374.0), which is read.
-    path = _write(tmp_path, "c.csv", "arrival_time,prompt_tokens,output_tokens,priority\n"
+    path = write(tmp_path, "c.csv", "arrival_time,prompt_tokens,output_tokens,priority\n"
                   f"0,100,10,{value}\n")
     assert read_trace(path)[0].priority == expected
-    path = _write(tmp_path, "c.jsonl", '{"arrival_time": 0, "prompt_tokens": 5, '
+    path = write(tmp_path, "c.jsonl", '{"arrival_time": 0, "prompt_tokens": 5, '
                   f'"output_tokens": 5, "priority": {float(value)}}}\n')
     assert read_trace(path)[0].priority == expected
 
 
 def test_a_fractional_class_is_refused_with_both_roundings(tmp_path: Path) -> None:
-    path = _write(tmp_path, "c.csv", "arrival_time,prompt_tokens,output_tokens,priority\n"
+    path = write(tmp_path, "c.csv", "arrival_time,prompt_tokens,output_tokens,priority\n"
                   "0,100,10,1.5\n")
     with pytest.raises(TraceError, match=r"c\.csv:2: priority='1\.5' is not a whole class; "
                        r"round it \(1 or 2\)"):
         read_trace(path)
-    path = _write(tmp_path, "c.jsonl",
+    path = write(tmp_path, "c.jsonl",
                   '{"arrival_time": 0, "prompt_tokens": 5, "output_tokens": 5, "class": 0.5}\n')
     with pytest.raises(TraceError, match=r"c\.jsonl:1: class=0\.5 is not a whole class; "
                        r"round it \(0 or 1\)"):
@@ -96,7 +91,7 @@ def test_a_fractional_class_is_refused_with_both_roundings(tmp_path: Path) -> No
 
 def test_blank_rows_are_skipped_and_counted(tmp_path: Path,
                                             caplog: pytest.LogCaptureFixture) -> None:
-    path = _write(tmp_path, "q.csv", "arrival_time,prompt_tokens,output_tokens\n"
+    path = write(tmp_path, "q.csv", "arrival_time,prompt_tokens,output_tokens\n"
                   "0,100,10\n,,\n2,100,10\n , ,\n3,100,10\n")
     with caplog.at_level(logging.WARNING):
         assert len(read_trace(path)) == 3
@@ -106,7 +101,7 @@ def test_blank_rows_are_skipped_and_counted(tmp_path: Path,
 
 
 def test_a_row_across_lines_is_told_at_its_first_line(tmp_path: Path) -> None:
-    path = _write(tmp_path, "q.csv", 'arrival_time,prompt_tokens,output_tokens\n0,100,10\n'
+    path = write(tmp_path, "q.csv", 'arrival_time,prompt_tokens,output_tokens\n0,100,10\n'
                   '1,"10\n0",10\n2,100,10\n')
     with pytest.raises(TraceError, match=r"q\.csv:3: prompt_tokens='10\\n0' must be a whole"):
         read_trace(path)
@@ -114,14 +109,14 @@ def test_a_row_across_lines_is_told_at_its_first_line(tmp_path: Path) -> None:
 
 def test_a_csvs_sessions_are_read_as_a_jsonl_rows_are(tmp_path: Path) -> None:
     # A session_id column in a CSV was left unread: its turns shared no prefix.
-    path = _write(tmp_path, "s.csv", "arrival_time,prompt_tokens,output_tokens,session_id\n"
+    path = write(tmp_path, "s.csv", "arrival_time,prompt_tokens,output_tokens,session_id\n"
                   "0,100,5,1\n1,30,1,\n2,150,6,1.0\n3,40,2,alice\n4,80,2,alice\n")
     rows = [{"arrival_time": 0, "prompt_tokens": 100, "output_tokens": 5, "session_id": 1},
             {"arrival_time": 1, "prompt_tokens": 30, "output_tokens": 1},
             {"arrival_time": 2, "prompt_tokens": 150, "output_tokens": 6, "session_id": 1.0},
             {"arrival_time": 3, "prompt_tokens": 40, "output_tokens": 2, "session_id": "alice"},
             {"arrival_time": 4, "prompt_tokens": 80, "output_tokens": 2, "session_id": "alice"}]
-    other = _write(tmp_path, "s.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    other = write(tmp_path, "s.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
     assert [r.session_id for r in read_trace(path)] == [0, None, 0, 1, 1]
     assert read_trace(path) == read_trace(other)
 
@@ -139,9 +134,9 @@ def test_a_csvs_64_bit_session_ids_stay_apart_as_a_jsonl_rows_do(tmp_path: Path)
         csv_rows.append(f"{t},{prompt},5,{text}\n")
         json_rows.append(json.dumps({"arrival_time": t, "prompt_tokens": prompt,
                                      "output_tokens": 5, "session_id": value}) + "\n")
-    path = _write(tmp_path, "s.csv", "arrival_time,prompt_tokens,output_tokens,session_id\n"
+    path = write(tmp_path, "s.csv", "arrival_time,prompt_tokens,output_tokens,session_id\n"
                   + "".join(csv_rows))
-    other = _write(tmp_path, "s.jsonl", "".join(json_rows))
+    other = write(tmp_path, "s.jsonl", "".join(json_rows))
     assert [r.session_id for r in read_trace(path)] == [0, 1, 2, 3, 4, 4, 5, 5] * 2
     assert read_trace(path) == read_trace(other)
 
@@ -150,7 +145,7 @@ def test_a_csvs_64_bit_session_ids_stay_apart_as_a_jsonl_rows_do(tmp_path: Path)
                                   "١٢"])
 def test_a_session_id_no_whole_number_is_keyed_as_its_text(tmp_path: Path, text: str) -> None:
     # Past 2**53 a float is no longer exact: 9007199254740993.0 and ...992.0 would be one.
-    path = _write(tmp_path, "s.csv", "arrival_time,prompt_tokens,output_tokens,session_id\n"
+    path = write(tmp_path, "s.csv", "arrival_time,prompt_tokens,output_tokens,session_id\n"
                   f"0,100,5,{text}\n1,200,5,{text}\n2,300,5,9007199254740992\n")
     assert [r.session_id for r in read_trace(path)] == [0, 0, 1]
 
@@ -158,8 +153,8 @@ def test_a_session_id_no_whole_number_is_keyed_as_its_text(tmp_path: Path, text:
 def test_a_trailing_comma_is_named_an_empty_header_name_not_pandas_index(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     # Column 4 was warned of as "unnamed: pandas' index?"; pandas writes its index first.
-    path = _write(tmp_path, "t.csv", "TIMESTAMP,ContextTokens,GeneratedTokens,\n0,374,44,\n")
-    index = _write(tmp_path, "i.csv", ",TIMESTAMP,ContextTokens,GeneratedTokens\n7,0,374,44\n")
+    path = write(tmp_path, "t.csv", "TIMESTAMP,ContextTokens,GeneratedTokens,\n0,374,44,\n")
+    index = write(tmp_path, "i.csv", ",TIMESTAMP,ContextTokens,GeneratedTokens\n7,0,374,44\n")
     with caplog.at_level(logging.WARNING):
         read_trace(path)
         read_trace(index)
