@@ -93,3 +93,28 @@ def test_an_unreachable_database_hides_a_query_password() -> None:
     text = str(caught.value)
     assert "hunter2" not in text, text
     assert "'postgresql://admin@127.0.0.1:1/study?password=***'" in text, text
+
+
+@pytest.mark.parametrize("text", [
+    "connect() got {'host': 'db', 'password': 'hunter2!x'}",  # a kwargs dict's repr
+    'options: {"password": "hunter2!x", "user": "admin"}',  # JSON
+    'invalid password "hunter2!x" for user admin',
+    "PGPASSWORD=hunter2!x psql -h db",
+    "hunter2!x",
+])
+def test_a_long_password_is_hidden_in_any_form_it_stands_alone_in(text: str) -> None:
+    # Only the URL, user:PASS@ and password=PASS forms were hidden: a driver that echoed
+    # the password in a dict's repr or in quotes printed it in clear. A token of five or
+    # more characters equal to the password is the password far more likely than a word
+    # of the driver's, and showing it leaks it where hiding it costs one word.
+    url = f"postgresql://admin:{quote('hunter2!x', safe='')}@db/studies"
+    assert "hunter2" not in redacted(text, url), redacted(text, url)
+    assert "***" in redacted(text, url)
+
+
+def test_a_long_password_inside_a_longer_word_is_left_alone() -> None:
+    # Part of a word of the driver's is not the password standing alone.
+    url = "postgresql://admin:server@db/studies"
+    assert redacted("is the server running? servers: 2", url) == \
+        "is the *** running? servers: 2"
+    assert redacted("serverless", url) == "serverless"

@@ -58,12 +58,19 @@ def _secrets(parsed: URL) -> list[str]:
     return found
 
 
+# A token this long equal to the password is the password far likelier than a word of
+# the driver's: hiding it costs that word, showing it leaks the password.
+_ALONE_MIN = 5
+
+
 def redacted(text: str, url: str) -> str:
     """``text`` (e.g. a driver's error, or a command holding ``url``) with ``url``'s
     password and its query's ``password``/``sslpassword``, if any, blotted out where
     each stands as a password: the URL as given (or shell-quoted), ``user:PASS@`` and
-    ``password=PASS``. Not every occurrence: a short password (``p``) would blot the
-    driver's own words ("***syco***g") out with it."""
+    ``password=PASS``; and one of ``_ALONE_MIN`` characters or more wherever it stands
+    alone, not inside a longer word (a driver's dict repr, a quoted echo). Not every
+    occurrence: a short password (``p``) would blot the driver's own words
+    ("***syco***g") out with it."""
     out = text
     if shlex.quote(url) != url:  # first: the quoted form may hold the URL as given
         out = out.replace(shlex.quote(url), shlex.quote(shown(url)))
@@ -79,4 +86,6 @@ def redacted(text: str, url: str) -> str:
         # space, a quote or the end, so "password=px" does not hide the p of "px".
         out = re.sub(rf"(?<=password=){found}(?=[\s;&,)]|$)", "***", out, flags=re.I)
         out = re.sub(rf"(?<=password='){found}(?=')", "***", out, flags=re.I)
+        if len(form) >= _ALONE_MIN:
+            out = re.sub(rf"(?<![^\W_]){found}(?![^\W_])", "***", out)
     return out
