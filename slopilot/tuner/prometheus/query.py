@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -30,6 +31,8 @@ from slopilot.tuner.study.evaluator import PrometheusUnavailable, WindowRejected
 
 if TYPE_CHECKING:
     import httpx
+
+log = logging.getLogger(__name__)
 
 # (expr, evaluation time in Unix seconds or None for now) -> the result's sample list.
 QueryAt = Callable[[str, float | None], list[dict[str, Any]]]
@@ -54,14 +57,21 @@ def query_at(url: str, timeout_s: float = 5.0, *, verify: TLSVerify = VERIFIED,
     # One quick retry of a failed connect: a dead Prometheus should say so in seconds.
     http = client or bounded_client(timeout_s, verify=verify, retries=1)
 
+    noted: set[str] = set()
+
     def run(expr: str, at: float | None = None) -> list[dict[str, Any]]:
-        params = {"query": expr} if at is None else {"query": expr, "time": f"{at:.3f}"}
+        params = {"query": expr, "partial_response": "false"}
+        if at is not None:
+            params["time"] = f"{at:.3f}"
         answer = read_answer(http, base, "/api/v1/query", params, deadline_s=deadline_s,
                              max_bytes=max_bytes)
         if answer.status != 200:
             raise PrometheusUnavailable(f"Prometheus at {base} refused the query {expr!r}: "
                                         f"{http_failure(answer.status, answer.content_type)}")
-        result = _vector(_json(answer.body))
+        body = _json(answer.body)
+        result = _vector(body)
+        if result is not None:
+            _refuse_partial(body, base, expr, noted)
         if result is None:
             raise PrometheusUnavailable(
                 f"Prometheus at {base} answered the query {expr!r} with "
@@ -69,6 +79,38 @@ def query_at(url: str, timeout_s: float = 5.0, *, verify: TLSVerify = VERIFIED,
         return result
 
     return run
+
+
+# A PromQL info annotation (Prometheus 2.46 and later; in its own ``infos`` list from 3.0,
+# among the warnings before) is a hint about the query's series, not missing data.
+_INFO = "PromQL info:"
+_NOTED_MAX = 64
+PARTIAL_FIX = ("ask for no partial answers (Thanos: --query.partial-response=false on "
+               "the querier; the tuner's queries ask with partial_response=false)")
+
+
+def _refuse_partial(answer: dict[str, Any], base: str, expr: str, noted: set[str]) -> None:
+    """PrometheusUnavailable for a success answer whose warnings say it may lack data.
+
+    Thanos, Cortex and Mimir answer a query some store could not serve whole with what
+    they could read and a warning; read as whole, no alert fired where a store held it
+    and a trial's window summed part of its replicas. The warnings' text is the server's
+    (a tenant's, where it points the URL), so the message counts them and quotes none:
+    it reaches the CR's status. Info annotations are logged once each."""
+    warnings = answer.get("warnings")
+    texts = [w for w in warnings if isinstance(w, str)] if isinstance(warnings, list) else []
+    missing = [w for w in texts if not w.startswith(_INFO)]
+    if not missing and warnings not in (None, []) and len(texts) != len(warnings):
+        missing = [""]  # a warning that is no string still says something went wrong
+    for info in texts:
+        if info.startswith(_INFO) and info not in noted and len(noted) < _NOTED_MAX:
+            noted.add(info)
+            log.info("Prometheus at %s on %r: %s", base, expr, info[:300])
+    if missing:
+        many = "a warning" if len(missing) == 1 else f"{len(missing)} warnings"
+        raise PrometheusUnavailable(
+            f"Prometheus at {base} answered the query {expr!r} with {many} that it may be "
+            f"missing data (a partial answer), read as no answer: {PARTIAL_FIX}")
 
 
 def _json(body: bytes) -> Any:
