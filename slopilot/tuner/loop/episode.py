@@ -143,7 +143,8 @@ def _outside_space(ctx: LoopContext, t: RunningTrial, why: str) -> Decision:
     now. Judged, it held and was committed to every replica over the new bounds."""
     reason = f"trial {t.number} is outside the search space now: {why}"
     ctx.study.tell_failed(t.number, reason)
-    return end_trial(ctx, t, TrialOutcome.FAILED, Action.REVERT, reason, None)
+    return end_trial(ctx, t, TrialOutcome.FAILED, Action.REVERT, f"outside_space {reason}",
+                     None)
 
 
 def _end_for_hold(ctx: LoopContext, alerts: str) -> Go:

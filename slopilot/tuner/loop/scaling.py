@@ -149,8 +149,9 @@ def _plateau(ctx: LoopContext, now: float, scenario: Scenario, current: int,
                   f"{kept.wait_s:g} s{backoff.UNLESS}; {reason}", action=Action.SCALE)
     kept = backoff.record(ctx, now, scenario, settled=True)
     return Go(ControllerState.COOLDOWN, Event.REPLICAS_FLAT,
-              f"{flat.text()}; staying at {current} of max {s.max_replicas}; no new "
-              f"episode for {kept.wait_s:g} s{backoff.UNLESS}; {reason}",
+              f"replica_plateau: {flat.text()}; staying at {current} of max "
+              f"{s.max_replicas}; no new episode for {kept.wait_s:g} s{backoff.UNLESS}; "
+              f"{reason}",
               action=Action.INFORM)
 
 
@@ -161,7 +162,7 @@ def _scale_up(ctx: LoopContext, now: float, current: int, needed: int, reason: s
     short = scale_wait.held(ctx, now, needed)
     if short is not None:
         return Go(ControllerState.COOLDOWN, Event.REPLICAS_SHORT,
-                  f"{short}; scale_up {current}->{needed} not made; {reason}",
+                  f"scale_up_held: {short}; scale_up {current}->{needed} not made; {reason}",
                   action=Action.INFORM)
     ctx.deployment.scale(needed)
     scale_wait.bought(ctx, now, needed)

@@ -121,7 +121,8 @@ def _extended(ctx: LoopContext, now: float, t: RunningTrial, short: Shortfall,
                           f"judged at {short.floor}", trial=t.number)
     why = f"too little traffic to judge: {short.describe()} (max_trial_s)"
     ctx.study.tell_failed(t.number, why)
-    end_trial(ctx, t, TrialOutcome.FAILED, Action.REVERT, why, summary)
+    end_trial(ctx, t, TrialOutcome.FAILED, Action.REVERT,
+              f"too_little_traffic trial {t.number}: {why}", summary)
     return Go(ControllerState.COMMIT, Event.TOO_LITTLE_TRAFFIC,
               f"trial {t.number} rolled back, {why}", summary=summary)
 
