@@ -13,15 +13,16 @@
 
 Series are keyed by namespace and name, as the rules are: one operator runs the
 controllers of ``chat`` in ``team-a`` and in ``team-b`` side by side. (``namespace`` itself
-is taken: Prometheus puts the operator pod's namespace there.) ``reason`` is a short token
-(the first word of a decision's reason, "other" for a figure: ``reason_token``), so the
-label's values stay few.
+is taken: Prometheus puts the operator pod's namespace there.) ``reason`` is a word of a
+closed vocabulary (``reasons.py``): the first word of a decision's reason where it is one
+the controller writes with that action, else "other" (``reason_token``). So one
+deployment's counter carries at most ``len(reasons.LABEL_PAIRS)`` series, whatever the
+texts, and the operator's page is sized from that (docs/operations.md, "Scrape limits").
 """
 
 from __future__ import annotations
 
 import copy
-import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -29,24 +30,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.samples import Sample
 
 from slopilot.tuner.loop.decision import Action, TrialOutcome
+from slopilot.tuner.loop.reasons import reason_token
 from slopilot.tuner.loop.state import ControllerState
 from slopilot.tuner.loop.twin_check import TwinCheck
 from slopilot.tuner.prometheus.rules import DEPLOYMENT_LABEL, NAMESPACE_LABEL
-
-_TOKEN = re.compile(r"[a-z0-9_]+")
-_TOKEN_MAX = 40
-
-
-def reason_token(reason: str) -> str:
-    """The first word of ``reason``, the label value of the action's series: a word the
-    controller writes (alert, trial, scale_up, ...). A first word with a digit (a count,
-    a trial's number) or longer than any such word is "other", so no figure or name
-    written first ever makes a series per value."""
-    match = _TOKEN.match(reason.lower())
-    word = match.group(0) if match else ""
-    if not word or len(word) > _TOKEN_MAX or any(c.isdigit() for c in word):
-        return "other"
-    return word
 
 
 class _Counter(Counter):
@@ -133,7 +120,7 @@ class TunerMetrics:
     def action(self, deployment: str, action: Action, reason: str) -> None:
         if action is not Action.NONE:
             self.actions.labels(self.namespace, deployment, action.value,
-                                reason_token(reason)).inc()
+                                reason_token(reason, action)).inc()
 
     def observe(self, deployment: str, state: ControllerState, replicas: int) -> None:
         self.replicas.labels(self.namespace, deployment).set(replicas)
