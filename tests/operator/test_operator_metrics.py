@@ -17,6 +17,7 @@ import yaml
 from slopilot.operator.daemon import operator_metrics
 from slopilot.operator.metrics_endpoint import metrics_address, serve_metrics
 from slopilot.tuner.loop.state import ControllerState
+from tests.operator.test_operator_metrics_size import PER_CR
 from tests.support.waits import HANG_GUARD_S
 
 MANIFESTS = Path(__file__).parents[2] / "manifests"
@@ -72,5 +73,7 @@ def test_the_podmonitors_suggested_sample_limit_is_a_spec_field_once_uncommented
     text = (MANIFESTS / "monitoring" / "operator-podmonitor.yaml").read_text()
     assert text.count("# sampleLimit:") == 1
     monitor = yaml.safe_load(text.replace("# sampleLimit:", "sampleLimit:"))
-    assert monitor["spec"]["sampleLimit"] == 64000
+    # Sized for 1,000 CRs at the per-CR bound the size test proves.
+    assert monitor["spec"]["sampleLimit"] == PER_CR * 1000
+    assert f"at most {PER_CR} samples per tuning CR" in text
     assert all("sampleLimit" not in e for e in monitor["spec"]["podMetricsEndpoints"])
