@@ -111,7 +111,8 @@ EXTERNAL_METRICS: dict[str, str] = {
         "state=complete|pruned|failed|reverted}: tuner trials by outcome",
     "slopilot_tuner_actions_total":
         "counter{slopilot_namespace, slopilot_deployment, "
-        "action=retune|scale|commit|revert|cooldown, reason}: controller actions",
+        "action=hold|retune|trial|repeat|commit|revert|cooldown|scale|inform, reason=a "
+        "word of tuner/loop/reasons.py or other}: controller actions",
     "slopilot_replicas": "gauge{slopilot_namespace, slopilot_deployment}: replicas the "
                          "operator asked for",
     "slopilot_twin_error": "gauge{slopilot_namespace, slopilot_deployment, quantity, "

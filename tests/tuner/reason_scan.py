@@ -89,26 +89,50 @@ class Source:
             call = site.node
             assert isinstance(call, ast.Call)
             name = _name(call.func)
-            if name == "decide" and len(call.args) >= 2:
-                yield call.args[0], call.args[1], site
+            if name == "decide" and not (site.fn is not None and site.fn.name == "decide"):
+                yield self._given(call, 0, "action"), self._given(call, 1, "reason"), site
             elif name == "action" and isinstance(call.func, ast.Attribute) \
                     and _name(call.func.value) == "metrics":
                 if site.fn is not None and site.fn.name == "_emit":
                     continue  # the funnel: it counts what decide() wrote
-                yield call.args[1], call.args[2], site
+                yield self._given(call, 1, "action"), self._given(call, 2, "reason"), site
+            elif name == "replace" and any(k.arg == "reason" for k in call.keywords):
+                self._same_first(call)
+
+    def _given(self, call: ast.Call, index: int, name: str) -> ast.expr:
+        """The argument ``name`` of ``call``, given by position or by keyword."""
+        for k in call.keywords:
+            if k.arg == name:
+                return k.value
+        if index < len(call.args):
+            return call.args[index]
+        raise Unresolved(f"{self.where(call)}: {ast.unparse(call.func)} without its {name}")
+
+    def _same_first(self, call: ast.Call) -> None:
+        """A ``dataclasses.replace(x, reason=...)`` (a Go or a Decision given another
+        reason) is followed only where the new reason starts with ``x``'s own, whose first
+        word is checked where ``x`` was made."""
+        reason = next(k.value for k in call.keywords if k.arg == "reason")
+        head = reason.values[0] if isinstance(reason, ast.JoinedStr) and reason.values \
+            else None
+        if not (call.args and isinstance(head, ast.FormattedValue)
+                and isinstance(head.value, ast.Attribute) and head.value.attr == "reason"
+                and ast.dump(head.value.value) == ast.dump(call.args[0])):
+            raise Unresolved(f"{self.where(call)}: a reason replaced by a text that does "
+                             f"not start with the old one: {ast.unparse(reason)!r}")
 
     def gos(self, state: str) -> Iterator[tuple[ast.expr, ast.expr, _Node]]:
         """(action, reason, site) of every ``Go`` into ``state``."""
         for site in self.calls:
             call = site.node
             assert isinstance(call, ast.Call)
-            if _name(call.func) != "Go" or len(call.args) < 3:
+            if _name(call.func) != "Go":
                 continue
-            target = call.args[0]
+            target, reason = self._given(call, 0, "target"), self._given(call, 2, "reason")
             if isinstance(target, ast.Attribute) and target.attr == state:
                 action = next((k.value for k in call.keywords if k.arg == "action"),
                               ast.Attribute(ast.Name("Action"), "NONE"))
-                yield action, call.args[2], site
+                yield action, reason, site
             elif not isinstance(target, ast.Attribute):
                 raise Unresolved(f"{self.where(call)}: a Go whose target is not a literal "
                                  "ControllerState")

@@ -96,5 +96,23 @@ def test_the_scan_reads_a_word_that_runs_into_an_interpolation_as_unknown(
         source._pairs(action, reason, site.fn, set())
 
 
+def test_the_scan_reads_reasons_given_by_keyword_and_replaced(tmp_path: Path) -> None:
+    (tmp_path / "mod.py").write_text(
+        "def f(ctx):\n"
+        "    return ctx.decide(action=Action.SCALE, reason='scale_up 1->2')\n"
+        "def g(ctx, go):\n"
+        "    return Go(ControllerState.COOLDOWN, Event.X, reason='scale_down 2->1',\n"
+        "              action=Action.SCALE)\n"
+        "def cooldown(ctx, tick, entered):\n"
+        "    return ctx.decide(entered.action, entered.reason)\n")
+    words = {(w.word, tuple(w.actions)) for w in Source(tmp_path).written()}
+    assert words == {("scale_up", (Action.SCALE,)), ("scale_down", (Action.SCALE,))}
+    (tmp_path / "mod.py").write_text(
+        "def f(go, n):\n"
+        "    return dataclasses.replace(go, reason=f'{n} replicas; {go.reason}')\n")
+    with pytest.raises(Unresolved, match="does not start with the old one"):
+        Source(tmp_path).written()
+
+
 def test_the_scan_knows_each_step_function_by_its_state() -> None:
     assert {fn.__name__: state.name for state, fn in STEPS.items()} == STEP_STATES
