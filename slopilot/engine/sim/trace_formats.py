@@ -135,15 +135,17 @@ _EXACT = 2 ** 53
 
 
 def _csv_session_key(text: str) -> object:
-    """A CSV's session id as a key, the one a JSONL row's id of the same value gets: a
-    whole number's int (``1``, ``1.0`` and ``1e0`` one session, as pandas writes an id
-    column ``1.0`` once it held a NaN), else the text.
+    """A CSV's session id as a key, the one a JSONL row's id of the same text gets: an
+    integer's int, a number with a point or an exponent read as JSON reads it
+    (``_number_key``), else the text. So ``1``, ``1.0`` and ``1e0`` are one session (pandas
+    writes an id column ``1.0`` once it held a NaN), and ``1.5``, ``1.50`` and ``15e-1``
+    one: keyed as their texts, they were three sessions where a JSONL trace of the same
+    ids (JSON numbers) had one.
 
     An integer is keyed exactly: keyed as a float, two 64-bit ids (a hash's, a
-    snowflake's) were one session, one token stream. A decimal or an exponent is read as
-    a number only where a float holds it exactly (whole, under 2**53); leading zeros
-    (``0042``) make an id string, not 42. ASCII digits only: ``float`` also takes
-    ``1_0`` and other scripts' digits."""
+    snowflake's) were one session, one token stream. Leading zeros (``0042``) make an id
+    text, not 42. ASCII digits only: ``float`` also takes ``1_0`` and other scripts'
+    digits; past a float (``1e400``) the text."""
     if _ZERO_LED.match(text):
         return text
     if _WHOLE.fullmatch(text):
@@ -154,7 +156,24 @@ def _csv_session_key(text: str) -> object:
     if not _DECIMAL.fullmatch(text):
         return text
     number = float(text)
-    return int(number) if number.is_integer() and abs(number) < _EXACT else text
+    return _number_key(number) if math.isfinite(number) else text
+
+
+@dataclass(frozen=True, slots=True)
+class _Rounded:
+    """A whole float past 2**53 as a session key: kept apart from the integer ids, which
+    are exact, as it may have been rounded to one of them."""
+
+    value: float
+
+
+def _number_key(number: float) -> object:
+    """A session id written with a point or an exponent as a key, in a CSV or a JSONL:
+    the float JSON reads it as (the one kind of number JSON has), equal floats one session
+    and a whole one under 2**53 the session of the integer it equals. Past 2**53 a float
+    is no longer exact (``9007199254740993.0`` reads as ...992), and keyed as the float it
+    was the session of the 64-bit integer id it rounded to."""
+    return _Rounded(number) if number.is_integer() and abs(number) >= _EXACT else number
 
 
 @dataclass(frozen=True, slots=True)
@@ -538,13 +557,15 @@ def _conversations(records: list[TraceRecord], next_id: int) -> list[TraceRecord
 
 
 def _session_key(value: object, label: str, line: int) -> object:
-    """A session id as a key: a string, or a number, equal numbers one session (1 and
-    1.0: JSON has one kind of number, and pandas writes an id column as 1.0 once it held
-    a NaN); "1" is another. true (equal to 1 as a key), an object, an array or NaN (no
-    two equal) names none, and is refused rather than merged with another's turns."""
-    if isinstance(value, str) or (isinstance(value, (int, float))
-                                  and not isinstance(value, bool) and math.isfinite(value)):
+    """A session id as a key, as a CSV's of the same text (``_csv_session_key``): a
+    string, or a number, equal numbers one session (1 and 1.0: JSON has one kind of
+    number, and pandas writes an id column as 1.0 once it held a NaN); "1" is another.
+    true (equal to 1 as a key), an object, an array or NaN (no two equal) names none, and
+    is refused rather than merged with another's turns."""
+    if isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool)):
         return value
+    if isinstance(value, float) and math.isfinite(value):
+        return _number_key(value)
     raise TraceError(f"{label}:{line}: session_id={excerpt(value)} names no session; a "
                      "session id is a string or a number (the same for every turn of a "
                      "conversation): give one, or leave the key out")

@@ -143,8 +143,10 @@ def test_a_csvs_64_bit_session_ids_stay_apart_as_a_jsonl_rows_do(tmp_path: Path)
 
 @pytest.mark.parametrize("text", ["1.5", "9007199254740993.0", "1e400", "nan", "inf", "1_0",
                                   "١٢"])
-def test_a_session_id_no_whole_number_is_keyed_as_its_text(tmp_path: Path, text: str) -> None:
-    # Past 2**53 a float is no longer exact: 9007199254740993.0 and ...992.0 would be one.
+def test_a_session_id_no_integer_is_no_integer_ids_session(tmp_path: Path,
+                                                          text: str) -> None:
+    # Past 2**53 a float is no longer exact: 9007199254740993.0 reads as ...992.0, which
+    # is kept apart from the integer id 9007199254740992; the rest are no numbers.
     path = write(tmp_path, "s.csv", "arrival_time,prompt_tokens,output_tokens,session_id\n"
                   f"0,100,5,{text}\n1,200,5,{text}\n2,300,5,9007199254740992\n")
     assert [r.session_id for r in read_trace(path)] == [0, 0, 1]
@@ -163,3 +165,23 @@ def test_a_trailing_comma_is_named_an_empty_header_name_not_pandas_index(
     assert "1 column not read: column 4 (an empty header name)" in said[0]
     assert "pandas" not in said[0]
     assert "1 column not read: column 1 (unnamed: pandas' index?)" in said[1]
+
+
+def test_the_same_session_ids_group_alike_in_a_csv_and_a_jsonl(tmp_path: Path) -> None:
+    # A CSV keyed 1.5 and 1.50 as two texts, two sessions, where JSON reads both as the
+    # number 1.5, one: the same trace written two ways replayed two ways. The 64-bit ids
+    # stay exact and apart, 0042 stays text (apart from 42), and a double past 2**53 (which
+    # may have been rounded) apart from the integer it rounds to, in both.
+    ids = ["1.5", "1.50", "15e-1", "0.5", "5E-1", "2", "2.0", "9223372036854775806",
+           "9223372036854775807", "42", '"0042"', '"abc"', "9007199254740993.0",
+           "9007199254740992"]
+    csv_rows, json_rows = [], []
+    for i, text in enumerate(ids):
+        csv_rows.append(f"{i},{100 * (i + 1)},5,{text.strip(chr(34))}\n")
+        json_rows.append(f'{{"arrival_time": {i}, "prompt_tokens": {100 * (i + 1)}, '
+                         f'"output_tokens": 5, "session_id": {text}}}\n')
+    path = write(tmp_path, "s.csv", "arrival_time,prompt_tokens,output_tokens,session_id\n"
+                  + "".join(csv_rows))
+    other = write(tmp_path, "s.jsonl", "".join(json_rows))
+    assert [r.session_id for r in read_trace(path)] == [0, 0, 0, 1, 1, 2, 2, 3, 4, 5, 6, 7, 8, 9]
+    assert read_trace(path) == read_trace(other)
