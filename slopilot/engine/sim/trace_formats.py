@@ -6,7 +6,8 @@
   works), ``prompt_tokens``, ``output_tokens`` and optionally ``class`` (``p0``, ``p1``,
   ``p2``; ``priority`` also works) and ``session_id``; another column is named in a
   warning, once, and not read;
-- ``jsonl``: one object per line with the same names;
+- ``jsonl``: one object per line with the same names; other keys are named in a
+  warning, once, each with the first line it is on, and not read;
 - ``burstgpt`` and ``mooncake``: two public traces' own forms (``trace_public.py``), told
   by their header and keys with ``is_burstgpt_header`` and ``is_mooncake_row``.
 
@@ -17,6 +18,7 @@ offending row: a trace is data a user (or an attacker) supplies, never echoed wh
 from __future__ import annotations
 
 import csv
+import difflib
 import json
 import logging
 import math
@@ -289,6 +291,55 @@ def _warn_unread(header: list[str], names: list[str], known: set[str], label: st
                     "" if len(unread) == 1 else "s", ", ".join(unread), ", ".join(read))
 
 
+JSONL_KEYS = frozenset(("arrival_time", "timestamp", "prompt_tokens", "output_tokens",
+                        "class", "priority", "session_id"))
+"""The keys a generic JSONL row's object is read by (matched exactly, as JSON keys are)."""
+
+
+class UnreadKeys:
+    """The keys of a JSONL trace's rows that none of ``JSONL_KEYS`` names, each with the
+    first line it is on, for one warning once the rows are read, as a CSV's other columns
+    are named: dropped silently, ``"sesion_id"`` replayed every turn as a conversation of
+    its own. At most ``NAMED`` are kept: a file whose rows each bring a key of their own
+    is no list held in memory."""
+
+    NAMED = 20
+
+    def __init__(self) -> None:
+        self.first: dict[str, int] = {}
+        self.more = False
+
+    def see(self, obj: dict[str, Any], line: int) -> None:
+        """``obj``'s other keys (the caller has found some: ``JSONL_KEYS`` is no
+        superset of its keys), each kept with ``line`` the first time it is seen."""
+        for key in obj:
+            if key in JSONL_KEYS or key in self.first:
+                continue
+            if len(self.first) < self.NAMED:
+                self.first[key] = line
+            else:
+                self.more = True
+
+    def warn(self, label: str) -> None:
+        if not self.first:
+            return
+        named = [f"{excerpt(key)} (first on line {line}{_meant(key)})"
+                 for key, line in self.first.items()]
+        count = (f"{len(named)} key{'' if len(named) == 1 else 's'}" if not self.more
+                 else f"over {len(named)} keys")
+        log.warning("%s: %s not read: %s%s; a JSONL trace reads arrival_time (or timestamp), "
+                    "prompt_tokens, output_tokens, class (or priority), session_id "
+                    "(docs/traces.md): rename a key meant as one of them", label, count,
+                    ", ".join(named), ", and others" if self.more else "")
+
+
+def _meant(key: str) -> str:
+    """The read key ``key`` most likely misspells, as ``; session_id?``; empty for none
+    close (``Class``, a JSON key's case: ``class``)."""
+    close = difflib.get_close_matches(key.strip().lower(), JSONL_KEYS, n=1, cutoff=0.8)
+    return f"; {close[0]}?" if close else ""
+
+
 def refuse_repeated_header(label: str, line: int) -> None:
     # Two files joined with cat: read as a row, its names were "not a time".
     raise TraceError(f"{label}:{line}: the header row repeats here (files joined with cat?); "
@@ -478,7 +529,10 @@ def parse_jsonl(text: str, label: str, lines: Lines | None = None) -> list[Trace
     records: list[TraceRecord] = []
     clock = Clock(label)
     sessions: dict[object, int] = {}
+    unread, read_only = UnreadKeys(), JSONL_KEYS.issuperset  # one test a row, in C
     for line, obj in json_objects(text, label):
+        if not read_only(obj):
+            unread.see(obj, line)
         times = [k for k in ("arrival_time", "timestamp") if obj.get(k) is not None]
         if len(times) > 1:
             # Which the user meant is theirs to say, as the CSV's two columns are.
@@ -516,6 +570,7 @@ def parse_jsonl(text: str, label: str, lines: Lines | None = None) -> list[Trace
         records.append(TraceRecord(t, prompt, output, priority, session))
         if lines is not None:
             lines.append(line)
+    unread.warn(label)
     return _in_sessions(records, lines, len(sessions))
 
 

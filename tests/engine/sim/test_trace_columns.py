@@ -185,3 +185,50 @@ def test_the_same_session_ids_group_alike_in_a_csv_and_a_jsonl(tmp_path: Path) -
     other = write(tmp_path, "s.jsonl", "".join(json_rows))
     assert [r.session_id for r in read_trace(path)] == [0, 0, 0, 1, 1, 2, 2, 3, 4, 5, 6, 7, 8, 9]
     assert read_trace(path) == read_trace(other)
+
+
+def test_a_jsonl_key_no_trace_reads_is_named_once(tmp_path: Path,
+                                                  caplog: pytest.LogCaptureFixture) -> None:
+    # A JSONL row's other keys were dropped silently, where a CSV's other columns are
+    # named: "sesion_id" replayed every turn as a session of its own, with no hint.
+    rows = [{"arrival_time": 0, "prompt_tokens": 100, "output_tokens": 5, "sesion_id": 1},
+            {"arrival_time": 1, "prompt_tokens": 150, "output_tokens": 5, "sesion_id": 1,
+             "user": "a"},
+            {"timestamp": 2, "prompt_tokens": 40, "output_tokens": 2, "priority": "p0",
+             "session_id": 2, "sesion_id": 2, "Class": "p1"}]
+    path = write(tmp_path, "t.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    with caplog.at_level(logging.WARNING):
+        assert len(read_trace(path)) == 3
+    said = [r.getMessage() for r in caplog.records if r.name in LOGGERS]
+    assert len(said) == 1, said
+    assert ("t.jsonl: 3 keys not read: 'sesion_id' (first on line 1; session_id?), 'user' "
+            "(first on line 2), 'Class' (first on line 3; class?); a JSONL trace reads "
+            ) in said[0], said
+    assert "rename a key meant as one of them" in said[0]
+
+
+def test_a_jsonl_of_known_keys_raises_no_warning(tmp_path: Path,
+                                                 caplog: pytest.LogCaptureFixture) -> None:
+    rows = [{"arrival_time": 0, "prompt_tokens": 100, "output_tokens": 5, "class": "p0",
+             "session_id": "a"},
+            {"timestamp": 1, "prompt_tokens": 100, "output_tokens": 5, "priority": 2,
+             "session_id": None}]
+    path = write(tmp_path, "k.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    with caplog.at_level(logging.WARNING):
+        read_trace(path)
+    assert [r for r in caplog.records if r.name in LOGGERS] == []
+
+
+def test_a_jsonl_of_many_other_keys_names_some_and_holds_no_list(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # Each row a key of its own (an id used as a key): named up to a count, not all held.
+    rows = [{"arrival_time": i, "prompt_tokens": 5, "output_tokens": 5, f"k{i}": 1}
+            for i in range(30)]
+    path = write(tmp_path, "m.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    with caplog.at_level(logging.WARNING):
+        read_trace(path)
+    said = [r.getMessage() for r in caplog.records if r.name in LOGGERS]
+    assert len(said) == 1, said
+    assert "m.jsonl: over 20 keys not read: 'k0' (first on line 1), " in said[0]
+    assert "'k19' (first on line 20), and others; a JSONL trace reads" in said[0]
+    assert "'k20'" not in said[0]
