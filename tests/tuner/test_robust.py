@@ -175,3 +175,21 @@ def test_a_windows_class_counts_are_the_whole_replays_in_that_interval(
             assert accounting is not None
             assert accounting.requests_arrived == sum(
                 w.start_s <= s.arrival_time < w.end_s and s.priority == p for s in whole)
+
+
+def test_an_evaluation_counts_its_windows_session_pace_afresh(tmp_path: Path) -> None:
+    # Sessions 100 s apart, each sending its turns a millisecond apart: no answer ends
+    # before the next turn. Each window is a replay of its own; tune says their sum.
+    rows = [f"{100 * s + k * 0.001:.3f},{100 + 50 * k},20,{s}" for s in range(4)
+            for k in range(3)]
+    path = tmp_path / "chat.csv"
+    path.write_text("arrival_time,prompt_tokens,output_tokens,session_id\n"
+                    + "\n".join(rows) + "\n")
+    scenario = with_trace(TINY, TraceOptions(path=str(path)))
+    plan = WindowPlan((WindowChoice("a", 0.0, 50.0, 0.0, 20.0),
+                       WindowChoice("b", 200.0, 250.0, 0.0, 20.0)), "trace")
+    evaluator = RobustEvaluator(scenario, plan)
+    assert (evaluator.pace.follow_ups, evaluator.pace.early) == (0, 0)
+    for _ in range(2):  # the second evaluation's counts are its own, not added on
+        evaluator.evaluate({})
+        assert (evaluator.pace.follow_ups, evaluator.pace.early) == (4, 4)

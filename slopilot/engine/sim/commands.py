@@ -153,22 +153,12 @@ def _cut(args: argparse.Namespace, scenario: Any) -> str | None:
 def _pace(args: argparse.Namespace, scenario: Any, workload: Any) -> str | None:
     """How many of a trace's follow-up turns the run sent before the previous turn's
     answer had ended, with what scaled the gaps between them (``session_pace.py``)."""
+    from slopilot.engine.sim.session_pace import pace_warning
     from slopilot.engine.sim.trace import TraceWorkload
 
     if not isinstance(workload, TraceWorkload):
         return None
-    spec = scenario.workload
-    given = trace_options(args)
-    scaling = None
-    if spec.target_rate is not None:
-        by_flag = given.target_rate == spec.target_rate
-        scaling = (f"--target-rate {spec.target_rate:g}" if by_flag
-                   else f"the scenario's target_rate {spec.target_rate:g}")
-    elif spec.time_scale is not None:
-        by_flag = given.time_scale == spec.time_scale
-        scaling = (f"--time-scale {spec.time_scale:g}" if by_flag
-                   else f"the scenario's time_scale {spec.time_scale:g}")
-    return workload.pace.text(scaling, spec.scale())
+    return pace_warning(scenario.workload, trace_options(args), workload.pace)
 
 
 def load_profile_noting(path: str | Path, command: str) -> Any:

@@ -7,16 +7,22 @@ arrival rate: a replay at 4x the rate is one of users thinking 4x faster). A cha
 client sends its next turn only once the answer has come, so a turn sent before it is
 traffic no user makes: at 4 req/s the reviewer's chat trace had 80 of 775 follow-ups so.
 The replay keeps the trace's times (its rate is what was asked for) and counts them in
-the run, where an answer's end is known, for ``simulate`` to say.
+the run, where an answer's end is known, for ``simulate`` and ``tune`` to say in the
+same words (``pace_warning``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from slopilot.engine.sim.trace_formats import TraceRecord
+
+if TYPE_CHECKING:
+    from slopilot.engine.sim.trace_scenario import TraceOptions
+    from slopilot.engine.sim.workload_spec import TraceSpec
 
 
 @dataclass(slots=True)
@@ -33,14 +39,21 @@ class SessionPace:
         self.follow_ups += 1
         self.early += next_arrival < now
 
-    def text(self, scaling: str | None, factor: float | None) -> str | None:
+    def add(self, other: SessionPace) -> None:
+        """``other``'s counts too (a tuner's windows, each a replay of its own)."""
+        self.follow_ups += other.follow_ups
+        self.early += other.early
+
+    def text(self, scaling: str | None, factor: float | None,
+             run: str = "this run") -> str | None:
         """What to tell the user: ``scaling`` names the flag or field that scaled the
-        trace's times by ``factor`` (None where none did); None where nothing is worth
-        saying (no follow-ups answered, or none early in an unscaled replay)."""
+        trace's times by ``factor`` (None where none did), ``run`` the replay counted;
+        None where nothing is worth saying (no follow-ups answered, or none early in an
+        unscaled replay)."""
         if self.follow_ups == 0:
             return None
         counted = (f"{self.early:,} of {self.follow_ups:,} follow-up turns of a session "
-                   "arrived before the previous turn's answer had ended in this run, as "
+                   f"arrived before the previous turn's answer had ended in {run}, as "
                    "no chat client sends one")
         if scaling is not None and factor is not None and factor != 1:
             return (f"{scaling} scales every gap by {factor:.3g}, the think time between "
@@ -51,6 +64,22 @@ class SessionPace:
             return None
         return (f"{counted}: the trace's gaps are replayed as recorded, and this "
                 "deployment answered slower than the traced one")
+
+
+def pace_warning(spec: TraceSpec, given: TraceOptions, pace: SessionPace,
+                 run: str = "this run") -> str | None:
+    """``pace.text`` with what scaled the trace's gaps named as the user gave it: the
+    flag (``given``, the trace flags) or the scenario's field, and its factor."""
+    scaling = None
+    if spec.target_rate is not None:
+        by_flag = given.target_rate == spec.target_rate
+        scaling = (f"--target-rate {spec.target_rate:g}" if by_flag
+                   else f"the scenario's target_rate {spec.target_rate:g}")
+    elif spec.time_scale is not None:
+        by_flag = given.time_scale == spec.time_scale
+        scaling = (f"--time-scale {spec.time_scale:g}" if by_flag
+                   else f"the scenario's time_scale {spec.time_scale:g}")
+    return pace.text(scaling, spec.scale(), run)
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,6 +27,7 @@ from typing import Any
 
 from slopilot.engine.sim.lifetimes import Lifetime, covering_s, request_lifetime, residency_s
 from slopilot.engine.sim.scenario import Scenario
+from slopilot.engine.sim.session_pace import SessionPace
 from slopilot.engine.sim.simulator import Measure, SimRun, simulate
 from slopilot.engine.sim.trace import TraceRecord, TraceWorkload
 from slopilot.engine.sim.twin import kv_admits_tokens_for, servable_tokens_for
@@ -199,6 +200,9 @@ class RobustEvaluator:
         self._records: list[TraceRecord] | None = None
         if isinstance(scenario.workload, TraceSpec):
             self._records = scenario.workload.records()
+        self.pace = SessionPace()
+        """The last ``evaluate``'s follow-up turns sent before their previous answer
+        ended, over its windows (``engine/sim/session_pace.py``)."""
 
     @property
     def slo(self) -> SLOSpec:
@@ -218,10 +222,12 @@ class RobustEvaluator:
     def evaluate(self, config: Mapping[str, Any]) -> TrialResult:
         engine = self.scenario.engine_config().with_overrides(config).to_dict()
         results = []
+        pace = SessionPace()
         for w in self.plan.windows:
-            summary = self._simulate(w, engine).summary
+            summary = self._simulate(w, engine, pace=pace).summary
             results.append(WindowResult(w.name, w.describe(),
                                         score(summary, self._slo, config=dict(config))))
+        self.pace = pace
         return robust_verdict(config, results, self.margin)
 
     def replay(self, config: Mapping[str, Any], sliding: Sliding) -> SimRun:
@@ -234,7 +240,8 @@ class RobustEvaluator:
         return self._simulate(self.plan.windows[0], engine, sliding)
 
     def _simulate(self, w: WindowChoice, engine: Mapping[str, Any],
-                  sliding: Sliding | None = None) -> SimRun:
+                  sliding: Sliding | None = None, pace: SessionPace | None = None) -> SimRun:
+        """``w`` run with ``engine``; a trace's session pace in it added to ``pace``."""
         measure = Measure(w.warmup_s, w.warmup_s + w.length_s,
                           w.warmup_s + w.length_s + w.drain_s)
         base, planned = self.simulated_s, self._planned_s
@@ -254,6 +261,8 @@ class RobustEvaluator:
         run = simulate(self.scenario, engine, replicas=self.replicas,
                        seed=w.seed, measure=measure, workload=workload, progress=tick,
                        until_judged=True, sliding=sliding)
+        if workload is not None and pace is not None:
+            pace.add(workload.pace)
         self.simulated_s = base + reached
         self._planned_s = planned + measure.horizon_s
         if self.progress is not None:

@@ -16,7 +16,8 @@ workload with the answer, ``whole_trace`` (that replay, run before the verdict w
 windows chose the answer: ``holds``, ``replicas``, the fewest it holds on, null where none
 up to ``max_replicas`` does, and ``tried``, each count's ``figures``; null otherwise),
 ``timing``, ``warnings`` (each also on stderr when the study
-starts), ``too_long`` (a trace's requests too long for one replica, rejected unjudged:
+starts, or, a trace's session pace, once the start config has been replayed),
+``too_long`` (a trace's requests too long for one replica, rejected unjudged:
 ``requests``, ``of``, ``share``, ``limit_tokens``, ``limit``; null for a generated
 workload).
 """

@@ -4,6 +4,7 @@ start config has shown this machine's speed, when the whole study will be long."
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from typing import TextIO
@@ -92,6 +93,13 @@ class TuneProgress:
     def note(self, text: str) -> None:
         if self.report is not None:
             self.report.note(text)
+
+    def warn(self, line: str) -> None:
+        """A warning on stderr, whatever --quiet says: above the bar where one shows."""
+        if self.report is not None:
+            self.report.note(line)
+        else:
+            print(line, file=sys.stderr)
 
     def close(self) -> None:
         if self.report is not None:

@@ -30,6 +30,7 @@ from slopilot.tuner.tune.settings import (
     TuneSettings,
     check_command,
     cut_warning,
+    pace_warning,
     settings_from,
     thin_warning,
     tune_command,
@@ -129,6 +130,11 @@ def run(s: TuneSettings) -> TuneOutcome:
     try:
         start = evaluator.evaluate(start_config)
         start_done = True
+        if (pace := pace_warning(s, evaluator.pace)) is not None:
+            # Once the start config has been replayed, where the count is known: a
+            # verdict on traffic no chat client makes may be worth stopping for.
+            warnings = (*warnings, pace)
+            progress.warn(f"slopilot tune: warning: {pace}")
         progress.started()
         tuner.run(evaluator, s.trials, callback=progress.trial_done)
         timing = Timing(evaluations=s.trials + 1, simulated_s=evaluator.simulated_s,

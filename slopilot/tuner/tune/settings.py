@@ -25,6 +25,7 @@ from slopilot.tuner.study.space import SearchSpace
 from slopilot.tuner.tune.start import StartConfig, fit_start, search_space
 
 if TYPE_CHECKING:  # the simulator is heavy to import, and this module is read at start
+    from slopilot.engine.sim.session_pace import SessionPace
     from slopilot.tuner.sim.robust import WindowPlan
 
 DEFAULT_MAX_REPLICAS = 16
@@ -312,6 +313,17 @@ def thin_warning(s: TuneSettings, plan: WindowPlan) -> str | None:
         if plan.kind == "trace" else WINDOW_S
     out = thin(spec, spec.records(), length)
     return None if out is None else out.text()
+
+
+def pace_warning(s: TuneSettings, pace: SessionPace) -> str | None:
+    """What ``simulate`` says of a replay's follow-up turns sent before the previous
+    answer had ended (``engine/sim/session_pace.py``), of the start config's replay of
+    the windows; None for a generated workload or where nothing is worth saying."""
+    if not isinstance(s.scenario.workload, TraceSpec):
+        return None
+    from slopilot.engine.sim.session_pace import pace_warning as said
+
+    return said(s.scenario.workload, s.trace, pace, "the start config's replay")
 
 
 def warmup_warning(s: TuneSettings, plan: WindowPlan) -> str | None:

@@ -83,3 +83,32 @@ def test_simulate_names_the_factor_a_target_rate_picked(
     err = capsys.readouterr().err
     assert "--target-rate 4 scales every gap by 0.0943" in err
     assert "think time between a session's turns too" in err
+
+
+def test_tune_says_of_its_replay_what_simulate_says(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # tune replayed the same trace at the same scale and said nothing of the turns sent
+    # before their answer: its verdict was judged on traffic no chat client makes, unsaid.
+    trace = str(_trace(tmp_path))
+    args = ["--trace", trace, "--time-scale", "0.001"]
+    assert main(["simulate", *args, "--json", "--quiet"]) == 0
+    said = capsys.readouterr().err
+    assert main(["tune", *args, "--trials", "1", "--max-replicas", "1", "--json",
+                 "--quiet"]) == 0
+    captured = capsys.readouterr()
+    counted = ("--time-scale 0.001 scales every gap by 0.001, the think time between a "
+               "session's turns too: 16 of 16 follow-up turns of a session arrived before "
+               "the previous turn's answer had ended in ")
+    assert f"slopilot simulate: warning: {counted}this run" in said
+    assert f"slopilot tune: warning: {counted}the start config's replay" in captured.err
+    warnings = json.loads(captured.out)["warnings"]
+    assert [w for w in warnings if counted in w] == [
+        f"{counted}the start config's replay, as no chat client sends one; a rate nearer "
+        "the trace's keeps more of it"]
+
+
+def test_tune_says_nothing_of_a_replay_that_kept_the_pace(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["tune", "--trace", str(_trace(tmp_path)), "--trials", "1",
+                 "--max-replicas", "1", "--json", "--quiet"]) == 0
+    assert "follow-up turn" not in capsys.readouterr().err
