@@ -48,7 +48,8 @@ def test_demo_shows_the_alert_a_trial_and_writes_the_report(tmp_path: Path) -> N
     ({"duration_s": 5}, "--duration 5"),
     ({"executor": "gpu"}, "--executor 'gpu': use one of simulated, torch"),
     ({"model": "tiny-random"}, "add --executor torch"),
-    ({"duration_s": 60, "shift_at_s": 60}, "shift at 60 s"),
+    ({"duration_s": 60, "shift_at_s": 60}, "--shift-at 60: .* less than --duration 60"),
+    ({"shift_at_s": -1}, "--shift-at -1: expected 0 or more seconds"),
     ({"seed": -1}, "--seed -1: expected a whole number >= 0"),
     # Optuna's samplers take 32-bit seeds; a larger one failed after the replicas started.
     ({"seed": 2**32}, "--seed 4294967296: expected a whole number >= 0 and at most 4294967295"),
@@ -71,6 +72,10 @@ def test_bad_demo_arguments_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
 
     assert main(["demo", "--replicas", "0"]) == 2
     assert "replicas" in capsys.readouterr().err
+    # The shift must come within the run: the default --duration is 240 s.
+    assert main(["demo", "--shift-at", "240"]) == 2
+    assert "--shift-at 240: expected 0 or more seconds, less than --duration 240" in \
+        capsys.readouterr().err
 
 
 def test_the_replica_bound_follows_the_machine_and_admits_the_defaults() -> None:
@@ -209,8 +214,10 @@ def test_demo_flags_pick_the_executor_and_its_defaults(
     assert main(["demo"]) == 0
     assert main(["demo", "--executor", "torch"]) == 0
     assert main(["demo", "--model", "tiny-random", "--replicas", "2"]) == 0
-    simulated, torch, tiny = got
+    assert main(["demo", "--duration", "60", "--shift-at", "5"]) == 0
+    simulated, torch, tiny, shifted = got
     assert (simulated.executor, simulated.replicas, simulated.duration_s) == ("simulated", 2, 240)
+    assert (simulated.shift_s, torch.shift_s, shifted.shift_s) == (120, 360, 5)
     assert (torch.executor, torch.served_model, torch.replicas, torch.max_replicas,
             torch.duration_s, torch.window_s) == ("torch", "smollm2-135m", 1, 1, 720, 60)
     assert (tiny.executor, tiny.served_model, tiny.replicas, tiny.max_replicas) == (

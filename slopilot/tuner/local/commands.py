@@ -25,6 +25,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--max-replicas", type=int, default=None, help="default 4; torch 1")
     p.add_argument("--duration", type=float, default=None, metavar="SECONDS",
                    help="seconds of load, the shift half-way; default 240, torch 720")
+    p.add_argument("--shift-at", type=float, default=None, metavar="SECONDS",
+                   help="when the load shifts, in seconds since the start; default "
+                   "half of --duration")
     # A string, not a Path: Path('') is '.', and an empty flag would write into the
     # current folder.
     p.add_argument("--report-dir", default="reports/demo", metavar="FOLDER",
@@ -55,7 +58,8 @@ def _demo(args: argparse.Namespace) -> int:
 
     executor = args.executor or ("torch" if args.model is not None else "simulated")
     given = {k: v for k, v in (("replicas", args.replicas), ("max_replicas", args.max_replicas),
-                               ("duration_s", args.duration)) if v is not None}
+                               ("duration_s", args.duration), ("shift_at_s", args.shift_at))
+             if v is not None}
     defaults = {k: v for k, v in TORCH_DEFAULTS.items()
                 if executor == "torch" and k not in given}
     if "replicas" in given and "max_replicas" in defaults:

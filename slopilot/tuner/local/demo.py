@@ -155,7 +155,8 @@ class DemoOptions:
             raise ValueError(f"--model {self.model}: the simulated executor serves the "
                              "scenario's cost model; add --executor torch to serve a model")
         if self.shift_at_s is not None and not 0 <= self.shift_at_s < self.duration_s:
-            raise ValueError(f"shift at {self.shift_at_s:g} s: expected 0 to the duration")
+            raise ValueError(f"--shift-at {self.shift_at_s:g}: expected 0 or more seconds, "
+                             f"less than --duration {self.duration_s:g}")
         # Checked here, not where they are used: the sampler takes the seed and the
         # report goes into its folder only after the replicas have started.
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) \
