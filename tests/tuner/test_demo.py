@@ -49,6 +49,9 @@ def _alert_and_trial_seen(lines: list[str]) -> bool:
 @pytest.mark.slow
 @pytest.mark.prometheus
 @pytest.mark.usefixtures("prometheus_binaries")
+# Two waits, each under the suite's hang guard: above pytest's 300 s, so that a hung
+# second one still fails with its own message and the demo's lines.
+@pytest.mark.timeout(600)
 def test_demo_shows_the_alert_a_trial_and_writes_the_report(tmp_path: Path) -> None:
     """Run until the P0 TBT alert and a canary trial have printed, however long this
     machine takes (only the suite's hang guard bounds it), then stopped as a user stops
