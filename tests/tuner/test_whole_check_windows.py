@@ -22,17 +22,18 @@ from slopilot.tuner.tune.progress import TuneProgress
 from slopilot.tuner.tune.whole_check import WholeCheck, fewest_holding, whole_check
 from tests.support.burst_minute import write_burst_minute
 from tests.support.split_burst import SPIKES_S, write_split_burst
+from tests.support.tbt_burst import TBT_CONFIG, write_tbt_burst
 
 WINDOW_S = 45.0
 
 
 def _check(trace: Path, max_replicas: int = 1, progress: TuneProgress | None = None,
-           time_scale: float = 1.0) -> WholeCheck:
+           time_scale: float = 1.0, config: dict[str, int] | None = None) -> WholeCheck:
     scenario = load_with_trace(None, TraceOptions(path=str(trace), time_scale=time_scale),
                                default="")
     evaluator = RobustEvaluator(scenario, plan_windows(scenario, duration_s=WINDOW_S))
     whole = plan_windows(scenario, whole=True)
-    return whole_check(evaluator, whole, {}, 1, max_replicas, window_s=WINDOW_S,
+    return whole_check(evaluator, whole, config or {}, 1, max_replicas, window_s=WINDOW_S,
                        progress=progress)
 
 
@@ -134,3 +135,27 @@ def test_a_window_of_a_handful_of_requests_does_not_fail_the_check(tmp_path: Pat
     text = check.clause(1)
     assert "fewer than 100" in text and "P1" in text, text
     assert check.to_dict()["tried"][0]["thin_windows"] >= 1
+
+
+def _p1_tbt_p99s(trace: Path, sliding: Sliding) -> dict[float, float]:
+    scenario = load_with_trace(None, TraceOptions(path=str(trace)), default="")
+    run = simulate(scenario, TBT_CONFIG, replicas=1, measure=replay_measure(scenario),
+                   sliding=sliding)
+    return {w.start_s: w.summary.classes[Priority.P1].tbt_p99_ms or 0.0 for w in run.windows}
+
+
+def test_a_tbt_burst_the_grid_splits_is_judged_in_its_own_window(tmp_path: Path) -> None:
+    trace = write_tbt_burst(tmp_path / "tbt.csv")
+    # The premise: every grid window holds P1 TBT with the headroom (90 ms of 100) ...
+    grid = _p1_tbt_p99s(trace, Sliding(WINDOW_S, WINDOW_S / 3))
+    assert max(grid.values()) <= 90.0, grid
+    # ... while a window from between two grid starts misses it.
+    own = _p1_tbt_p99s(trace, Sliding(WINDOW_S, None, at=(22.0,)))
+    assert own[22.0] > 90.0, own
+    check = _check(trace, config=TBT_CONFIG)
+    assert not check.holds, check.to_dict()
+    tried = check.to_dict()["tried"][0]
+    start = float(tried["worst_window"].split("-")[0])
+    assert 15.0 < start < 30.0, tried
+    assert tried["replays"] == 2, "the grid's replay and the one measuring the TBT window"
+    assert "P1 TBT p99" in check.clause(1), check.clause(1)
