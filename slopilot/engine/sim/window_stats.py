@@ -10,9 +10,12 @@ them to) for the cost of counting each token once per window that holds its requ
 from __future__ import annotations
 
 import math
+from array import array
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from slopilot.engine.request import Priority, Request
 from slopilot.engine.sim.stats import SimStats
@@ -33,11 +36,18 @@ class Sliding:
     length_s: float
     hop_s: float | None
     at: tuple[float, ...] = ()
+    tbt_fraction: float = 1.0
+    """Of each class's TBT P99 target, the gap above which ``SlidingStats.token_gaps``
+    counts a request's gaps for the TBT sweep: 1 less the verdict's headroom, so that a
+    window's TBT P99 above it is a miss (``window_sweep.worst_gap_starts``)."""
 
     def __post_init__(self) -> None:
         for name, v in (("length_s", self.length_s), ("hop_s", self.hop_s)):
             if v is not None and not (math.isfinite(v) and v > 0):
                 raise ValueError(f"Sliding.{name}={v!r}: expected seconds > 0")
+        if not (math.isfinite(self.tbt_fraction) and self.tbt_fraction > 0):
+            raise ValueError(f"Sliding.tbt_fraction={self.tbt_fraction!r}: expected a "
+                             "fraction of the TBT target > 0, e.g. 0.9 for 10 % headroom")
         if self.hop_s is None and not self.at:
             raise ValueError("Sliding(hop_s=None, at=()): no window; give hop_s (seconds "
                              "between starts) or at (the starts)")
@@ -102,6 +112,62 @@ class FirstToken:
     ttft_s: float
 
 
+class TokenGaps:
+    """Per class with a TBT target, each measured request's arrival, token gaps and gaps
+    above ``over_s`` (its class's limit): what a window's TBT P99 against that limit
+    needs of a request, since a gap counts in the windows holding its request's arrival
+    (``SimStats.on_token_gap``). 16 bytes a request (an 8-byte arrival, two 4-byte
+    counts) and nothing a token: 1M requests, 16 MB, where a float32 a gap would be 4
+    bytes a token (1M requests of 300 tokens, 1.2 GB). A request still streaming holds
+    a dict entry too, until it finishes."""
+
+    def __init__(self, over_s: dict[Priority, float]) -> None:
+        self.over_s = over_s
+        self._arrival = {p: array("d") for p in over_s}
+        self._gaps = {p: array("i") for p in over_s}
+        self._over = {p: array("i") for p in over_s}
+        self._row: dict[str, int] = {}
+
+    def first_token(self, req: Request) -> None:
+        """A measured request's first token: its row, before any gap."""
+        arrival = self._arrival.get(req.priority)
+        if arrival is None:  # no TBT target: nothing to judge its gaps by
+            return
+        self._row[req.request_id] = len(arrival)
+        arrival.append(req.arrival_time)
+        self._gaps[req.priority].append(0)
+        self._over[req.priority].append(0)
+
+    def gap(self, req: Request, gap_s: float) -> None:
+        row = self._row.get(req.request_id)
+        if row is None:
+            return
+        p = req.priority
+        self._gaps[p][row] += 1
+        if gap_s > self.over_s[p]:
+            self._over[p][row] += 1
+
+    def finished(self, req: Request) -> None:
+        self._row.pop(req.request_id, None)
+
+    def close(self) -> None:
+        self._row.clear()
+
+    def series(self, priority: Priority) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The class's arrivals (sorted), and each one's gaps and gaps over the limit."""
+        if priority not in self._arrival:
+            empty = np.zeros(0, dtype=np.int64)
+            return np.zeros(0, dtype=np.float64), empty, empty
+        arrival = np.frombuffer(self._arrival[priority], dtype=np.float64)
+        order = np.argsort(arrival, kind="stable")
+        return (arrival[order],
+                np.frombuffer(self._gaps[priority], dtype=np.int32)[order].astype(np.int64),
+                np.frombuffer(self._over[priority], dtype=np.int32)[order].astype(np.int64))
+
+    def __len__(self) -> int:
+        return sum(len(a) for a in self._arrival.values())
+
+
 @dataclass(frozen=True, slots=True)
 class WindowFigures:
     """One sliding window's figures."""
@@ -130,6 +196,11 @@ class SlidingStats(SimStats):
         self.first_tokens: list[FirstToken] = []
         """Every measured request's first token, for a sweep over every window start
         (``window_sweep.py``): one record a request, not a window's count a start."""
+        self.token_gaps = TokenGaps({
+            p: c.tbt_p99_ms * sliding.tbt_fraction / 1000.0
+            for p in Priority if (c := slo.class_slo(p)).tbt_p99_ms is not None})
+        """Every measured request's token gaps, counted against its class's TBT limit,
+        for the TBT sweep (``window_sweep.worst_gap_starts``)."""
 
     @property
     def made(self) -> int:
@@ -194,21 +265,26 @@ class SlidingStats(SimStats):
         super().on_first_token(req, ttft_s, now)
         if self.start_time <= req.arrival_time < self.end_time:
             self.first_tokens.append(FirstToken(req.arrival_time, req.priority, ttft_s))
+            self.token_gaps.first_token(req)
         for p in self._of.get(req.request_id, ()):
             p.on_first_token(req, ttft_s, now)
 
     def on_token_gap(self, req: Request, gap_s: float, now: float) -> None:
         super().on_token_gap(req, gap_s, now)
+        if self._counted(req, now):  # the gaps the windows' SimStats count, and no other
+            self.token_gaps.gap(req, gap_s)
         for p in self._of.get(req.request_id, ()):
             p.on_token_gap(req, gap_s, now)
 
     def on_finished(self, req: Request, now: float) -> None:
         super().on_finished(req, now)
+        self.token_gaps.finished(req)
         for p in self._of.pop(req.request_id, ()):
             p.on_finished(req, now)
 
     def close(self) -> None:
         super().close()
+        self.token_gaps.close()
         for p in self.parts:
             p.close()
 

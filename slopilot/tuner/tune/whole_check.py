@@ -49,7 +49,7 @@ from typing import Any, Protocol
 
 from slopilot.engine.sim.simulator import SimRun
 from slopilot.engine.sim.window_stats import Sliding, SlidingStats, WindowFigures
-from slopilot.engine.sim.window_sweep import ttft_p99s, worst_starts
+from slopilot.engine.sim.window_sweep import ttft_p99s, worst_gap_starts, worst_starts
 from slopilot.engine.slo import SLOSpec
 from slopilot.tuner.loop.settings import DEFAULT_CLASS_REQUESTS
 from slopilot.tuner.sim.robust import RobustEvaluator, WindowPlan
@@ -311,7 +311,8 @@ def _judged(replay: Callable[[str], RobustEvaluator], config: Mapping[str, Any],
     those of a handful of requests set aside, and over the whole file; ``replay(status)``
     is the evaluator for each replay on this count."""
     judge = replay("replaying")
-    run = judge.replay(config, Sliding(window_s, window_s / HOPS))
+    run = judge.replay(config, Sliding(window_s, window_s / HOPS,
+                                       tbt_fraction=1.0 - judge.margin))
     cfg = dict(config)
     whole_result = score(run.summary, judge.slo, config=cfg)
     whole = dataclasses.replace(
@@ -353,10 +354,13 @@ def _verdict(config: Mapping[str, Any], figures: Sequence[WindowFigures],
 
 
 def _off_grid(run: SimRun, window_s: float) -> tuple[float, ...]:
-    """The starts, off the grid, of windows whose TTFT P99 of a class is above every
-    grid window's (``window_sweep``), each measured in full by a second replay. Only
-    windows of at least ``DEFAULT_CLASS_REQUESTS`` of the class: one of fewer that
-    missed would be set aside (``_thin``), and a replay spent on it."""
+    """The starts, off the grid, of windows that the sweeps (``window_sweep``) find worse
+    than the grid's, each measured in full by a second replay: a class's TTFT P99 above
+    every grid window's, or its TBT P99 rank among the gaps over its limit with the
+    headroom, or within one rank of it (``GapWindow.could_miss``: a window past the
+    limit is one, and the deepest found is where it would be). Only windows of at least
+    ``DEFAULT_CLASS_REQUESTS`` of the class: one of fewer that missed would be set aside
+    (``_thin``), and a replay spent on it."""
     stats = run.stats
     if not isinstance(stats, SlidingStats):
         return ()
@@ -370,6 +374,9 @@ def _off_grid(run: SimRun, window_s: float) -> tuple[float, ...]:
                             stats.end_time)
         if all(g.ttft_p99_ms < worst.ttft_p99_ms for g in on_grid):
             out.append(worst.start_s)
+    out += [w.start_s for w in worst_gap_starts(
+        stats.token_gaps, window_s, stats.start_time, stats.end_time,
+        floor=DEFAULT_CLASS_REQUESTS) if w.could_miss]
     return tuple(sorted(set(out) - set(grid)))
 
 

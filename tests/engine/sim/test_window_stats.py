@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
-from slopilot.engine.request import Request, SamplingParams
+from slopilot.engine.request import Priority, Request, SamplingParams
 from slopilot.engine.sim.scenario import load_scenario
 from slopilot.engine.sim.simulator import Measure, simulate
 from slopilot.engine.sim.window_stats import Sliding, SlidingStats
+from slopilot.engine.sim.window_sweep import gap_windows
 from slopilot.engine.slo import SLOSpec
 
 
@@ -75,3 +77,31 @@ def test_a_quiet_stretch_makes_no_window_and_the_busy_ones_read_as_before() -> N
     for w in run.windows[::5]:
         alone = simulate(scenario, replicas=1, measure=Measure(w.start_s, w.end_s, 40.0))
         assert w.summary.to_dict() == alone.summary.to_dict()
+
+
+def test_the_tbt_sweep_counts_each_window_as_its_own_measurement_does() -> None:
+    # The gaps of the requests arriving in a window, the horizon's cut included: a
+    # window from an arrival, and one ending just before one, read as measured in full.
+    scenario = load_scenario("mixed-priority")
+    whole = Measure(2.0, 20.0, 24.0)
+    run = simulate(scenario, replicas=1, measure=whole, sliding=Sliding(6.0, 2.0))
+    stats = run.stats
+    assert isinstance(stats, SlidingStats)
+    p1 = Priority.P1
+    arrivals, _, _ = stats.token_gaps.series(p1)
+    late = float(arrivals[arrivals > 12.0][0])
+    starts = (float(arrivals[5]), late - 6.0, float(arrivals[-3]))
+    again = simulate(scenario, replicas=1, measure=whole,
+                     sliding=Sliding(6.0, 2.0, at=starts, tbt_fraction=0.2))
+    swept = again.stats
+    assert isinstance(swept, SlidingStats)
+    limit_s = swept.token_gaps.over_s[p1]
+    assert limit_s == pytest.approx(scenario.slo.class_slo(p1).tbt_p99_ms * 0.2 / 1000)
+    parts = {part.start_time: part for part in swept.parts}
+    overs = 0
+    for start in {*starts, *Sliding(6.0, 2.0).starts(2.0, 20.0)}:
+        tbt = np.frombuffer(parts[start].classes[p1].tbt, dtype=np.float64)
+        [w] = gap_windows(swept.token_gaps, p1, [start], 6.0, 20.0)
+        assert (w.gaps, w.over) == (len(tbt), int((tbt > limit_s).sum())), start
+        overs += w.over
+    assert overs > 0, "the case needs gaps over the limit"
