@@ -12,16 +12,23 @@ misses, on more replicas up to ``--max-replicas``: the verdict is the whole trac
 The replay is judged as the live alerts judge a deployment: over windows of the study's
 length (``--duration``), each by the same terms and headroom as a study window, the worst
 deciding (``robust_verdict``), beside the whole file as one window (what the check command
-prints). Windows start every third of the length (``HOPS``), and where a sweep of every
-request's first token finds a window from an arrival whose TTFT P99 is higher than all of
-theirs (``engine/sim/window_sweep``: a burst longer than two thirds of a window is split
-between two on the grid), that window is measured in full and judged too: the verdict is
-the worst window of that length anywhere in the trace, by TTFT. One P99 over the whole
+prints). Windows start every third of the length (``HOPS``), and a burst longer than two
+thirds of a window is split between two on the grid, each reading it diluted; so the
+replay is swept for the windows between them (``engine/sim/window_sweep``): where a
+sweep of every request's first token finds a window from an arrival whose TTFT P99 is
+higher than all of theirs, and where a sweep of every request's token gaps finds one
+whose TBT P99 may be over its limit with the headroom (counted per request against it:
+a TBT burst of long prefills stretching every running request's gaps, which each grid
+window read diluted under the target), that window is measured in full and judged too:
+the verdict is the worst window of that length anywhere in the trace, by TTFT and by TBT
+against its limit (exactly where some window's P99 rank lies among the gaps over the
+limit; within one rank, where a P99 reads between a gap under it and one over, the
+window measured may hold where another such would miss). One P99 over the whole
 file let a quiet tail hide the burst: the reviewer's trace with two hours of light
 traffic after it read 436 ms over the file on 1 replica, where its burst minutes read
 528 ms. The grid's windows come from the one replay (``engine/sim/window_stats``), not a
-replay each; the worst window between them costs a second replay, and only where the
-sweep finds one worse.
+replay each; the worst windows between them cost a second replay (one for all), and only
+where a sweep finds one worse.
 
 A window that misses only on classes it holds fewer requests of than the live loop judges
 a trial on (``DEFAULT_CLASS_REQUESTS``, 100: its P99 is its slowest request or next to
