@@ -44,6 +44,17 @@ def not_ready(error: ApiError) -> bool:
     return error.status >= 500
 
 
+def transient(exc: BaseException) -> bool:
+    """Whether an API call's error may pass by itself, so that the same call is worth
+    trying again later: no answer (refused, reset, timed out: urllib3's errors, or the
+    socket's where one gets through), a server not ready (5xx), or one asking for fewer
+    calls (429). A refusal (403, 404, 409, 422) is the server's word: the same call gets
+    it again."""
+    if isinstance(exc, ApiError):
+        return not_ready(exc) or exc.status == 429
+    return isinstance(exc, (Unreachable, ConnectionError, TimeoutError))
+
+
 def server_of(kube: Kube) -> str:
     return str(kube.client.configuration.host)
 

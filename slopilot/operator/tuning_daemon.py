@@ -11,6 +11,13 @@ pool stays free for the handlers. A thread of its own per CR made the operator's
 threads as many as its tenants' tuning CRs. Waiting for a slot holds no thread, and a
 stop ends the wait.
 
+An API server that does not answer a step (no answer, 5xx, 429: ``api_reach.transient``)
+does not end the daemon: the step is tried again on the same ``DeploymentLoop``, backing
+off (``StepBackoff``), so that a decision whose status write the outage failed is still
+held and written first (deployment_loop.py). Raised to kopf, the daemon was started again
+with a new loop 10 s later, which asked a second trial beside the unwritten one. A refusal
+(403, 422) still raises to kopf, which logs it and starts the daemon again.
+
 From its start to its end's end the daemon is in ``memo.tuning_daemons``
 (daemon_ends.py), which the deletion handler waits on. Only the peering leader runs
 daemons (settings.py). The controller itself comes from
@@ -20,6 +27,7 @@ daemon.py's factory.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import threading
 from collections.abc import Callable
@@ -27,6 +35,7 @@ from typing import Any
 
 import kopf
 
+from slopilot.operator.api_reach import FIRST_RETRY_S, MAX_RETRY_S, transient
 from slopilot.operator.crd import GROUP, PLURAL, VERSION
 from slopilot.operator.daemon import load_factory, tick_interval
 from slopilot.operator.daemon_pause import pause
@@ -41,6 +50,29 @@ from slopilot.operator.tuning_pool import Lane
 OPERATOR_STOPPING = threading.Event()
 
 
+@dataclasses.dataclass
+class StepBackoff:
+    """The wait before a daemon's next step: the tick ``interval`` after a step that
+    ended; after one the API server failed, the longer of the interval and the API's first
+    retry (api_reach.py), doubling with each failed step in a row up to ``MAX_RETRY_S``
+    (or the interval, if longer), so that an outage is not met with a step a tick."""
+
+    interval: float
+    retry: float | None = None
+    """The last wait after a failed step; None after a step that ended."""
+
+    def ended(self) -> float:
+        self.retry = None
+        return self.interval
+
+    def failed(self) -> float:
+        if self.retry is None:
+            self.retry = max(self.interval, FIRST_RETRY_S)
+        else:
+            self.retry = min(self.retry * 2, max(MAX_RETRY_S, self.interval))
+        return self.retry
+
+
 @kopf.daemon(GROUP, VERSION, PLURAL, id="controller", when=tuning_enabled,
              cancellation_backoff=15.0, cancellation_timeout=10.0)
 async def run_controller(stopped: kopf.DaemonStopped, name: str, namespace: str | None,
@@ -50,7 +82,7 @@ async def run_controller(stopped: kopf.DaemonStopped, name: str, namespace: str 
     loop = DeploymentLoop(memo.kube, namespace, name, str(uid), mint=memo.tokens,
                           policy=memo.policy, factory=load_factory(), locks=memo.locks,
                           logger=logger, memory=memory_of(memo))
-    interval = tick_interval()
+    backoff = StepBackoff(tick_interval())
     # Its calls one at a time, in this task's context variables (kopf's event posting
     # finds its queue through them).
     lane = memo.tuning_pool.lane(namespace)
@@ -69,7 +101,16 @@ async def run_controller(stopped: kopf.DaemonStopped, name: str, namespace: str 
                     break
             except NotRun:  # stopped while it waited for a slot
                 break
-            await pause(stopped, interval)
+            except Exception as exc:
+                if not transient(exc):
+                    raise  # kopf logs it and starts the daemon again, with a new loop
+                wait = backoff.failed()
+                logger.warning("the API server did not answer the tuning step (%s: %s); "
+                               "its controller, and a decision not yet in the status, are "
+                               "kept: trying again in %g s", type(exc).__name__, exc, wait)
+                await pause(stopped, wait)
+                continue
+            await pause(stopped, backoff.ended())
     finally:
         # Also when kopf cancels the task: the end of the trial is recorded either way.
         reason = stopped.reason or kopf.DaemonStoppingReason.DONE
