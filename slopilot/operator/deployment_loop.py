@@ -16,7 +16,9 @@ deployment's measured P99s and SLO attainment go to ``status`` too (slo_status.p
   stops beating (``close``), after its successor, if any, has taken the trial over.
 - Idempotent: a status write that fails leaves the controller as it is in memory, and
   the next step writes that same state again before it ticks; a daemon never asks a
-  second trial because its first was not recorded.
+  second trial because its first was not recorded. The daemon keeps this loop across
+  steps the API server fails (tuning_daemon.py), and at an end that leaves the trial to
+  be resumed writes it once more (``flush``).
 - One writer of the loop's state: each write of ``status.controller`` is made only over
   the state this daemon built its controller from or last wrote there. Another found
   there is another writer's (a second operator replica's daemon, before the peering
@@ -381,6 +383,14 @@ class DeploymentLoop:
         metrics = self.controller.metrics if self.controller is not None \
             else operator_metrics(self.namespace)
         metrics.forget(self.name)
+
+    def flush(self) -> None:
+        """The daemon ends leaving its trial to be resumed (the operator exiting or
+        pausing): a decision whose status write failed is written once more, as at a
+        step, so that the next operator finds its trial on record and resumes it. Left
+        unwritten, that one asked a second trial, and the first went stale on no record."""
+        if self.unwritten is not None and self.controller is not None:
+            self._write(self.unwritten, self.unwritten_time)
 
     def close(self) -> None:
         """Drop the controller, and the heartbeat its study holds for its open trials:

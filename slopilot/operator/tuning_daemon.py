@@ -133,11 +133,14 @@ async def run_controller(stopped: kopf.DaemonStopped, name: str, namespace: str 
 
 async def _finish(lane: Lane, loop: DeploymentLoop, ending: Callable[[], None] | None
                   ) -> None:
-    """The daemon's end: ``ending`` (the trial and the study ended), the metrics, then
-    the heartbeat, each after a step that may still run on the lane."""
+    """The daemon's end: ``ending`` (the trial and the study ended) and the metrics, or
+    without one a decision not yet on record written, then the heartbeat, each after a
+    step that may still run on the lane."""
     try:
         if ending is not None:
             await lane.run(ending)
             await lane.run(loop.retire)  # it reads the CR: not on the loop
+        else:  # the trial is resumed by the next operator: from the status
+            await lane.run(loop.flush)
     finally:
         await lane.run(loop.close)

@@ -230,3 +230,41 @@ def test_a_trial_a_dead_daemon_asked_and_never_recorded_is_failed_as_stale(
         restarted.close()
     assert study_trials(body, storage) == [(0, "FAIL"), (1, "RUNNING")]
     assert cluster.status()["controller"]["trial"]["number"] == 1
+
+
+@pytest.mark.parametrize("reason", [kopf.DaemonStoppingReason.OPERATOR_EXITING,
+                                    kopf.DaemonStoppingReason.OPERATOR_PAUSING],
+                         ids=lambda r: r.name.lower())
+def test_a_daemon_stopped_with_a_trial_not_on_record_writes_it_on_its_way_out(
+        kube: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+        reason: kopf.DaemonStoppingReason) -> None:
+    """The operator exits (or pauses for the other replica) after a status write failed:
+    the trial is left for the next operator to resume, which it can only do once it is on
+    record. Left unwritten, the next one asked a second trial beside it."""
+    body, policy, pod = tuning_cr(kube, cluster, prom, tmp_path)
+    storage = policy.allowed_storage[0]
+    outage = Outage(cluster.kube, ApiError(504, "Timeout", "etcdserver: request timed out"))
+
+    async def pause(stopped: Any, seconds: float) -> None:
+        if outage.began:  # the API is back as the operator is told to stop
+            outage.end()
+        await asyncio.sleep(0)
+
+    monkeypatch.setattr(tuning_daemon, "pause", pause)
+    monkeypatch.setattr(tuning_daemon, "load_factory", lambda: build_study_controller)
+    monkeypatch.setattr(deployment_loop, "post_decision", lambda *a, **kw: None)
+    stopped = Stopped(lambda: outage.over, reason)
+    with serving(pod):
+        add_pod(cluster, "chat", 0, pod.port)
+        asyncio.run(tuning_daemon.run_controller(  # type: ignore[call-arg]
+            stopped, name="chat", namespace=NS, uid=body["metadata"]["uid"],
+            memo=daemon_memo(cluster, outage, policy), logger=logging.getLogger("test")))
+        assert outage.over
+        assert cluster.status()["controller"]["trial"]["number"] == 0
+        restarted = daemon_loop(cluster, body, monkeypatch, factory=build_study_controller,
+                                policy=policy)
+        assert restarted.step()
+        restarted.close()
+    assert cluster.status()["controller"]["trial"]["number"] == 0  # resumed, not a second
+    assert study_trials(body, storage) == [(0, "RUNNING")]

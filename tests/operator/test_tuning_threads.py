@@ -71,6 +71,9 @@ class StandInLoop:
     def retire(self) -> None:
         self._call("retire")
 
+    def flush(self) -> None:
+        self._call("flush")
+
     def close(self) -> None:
         self._call("close")
 
@@ -150,8 +153,9 @@ def test_fifty_slow_crs_of_a_namespace_hold_its_share_and_another_namespace_step
         await ended(*tasks)
         assert [t.exception() for t in tasks] == [None] * len(tasks)
         ran = [loop for key, loop in daemons.loops.items() if key.startswith("team-a/")]
-        # The stop reached the waiting daemons before any slot did: no step of theirs.
-        assert sorted(len(loop.calls) for loop in ran) == [1] * 48 + [2] * 2
+        # The stop reached the waiting daemons before any slot did: no step of theirs
+        # (their end: a decision not on record written, none here, and the heartbeat).
+        assert sorted(len(loop.calls) for loop in ran) == [2] * 48 + [3] * 2
         assert all(loop.calls[-1] == "close" for loop in ran)
         pool.shutdown()
 
@@ -159,7 +163,8 @@ def test_fifty_slow_crs_of_a_namespace_hold_its_share_and_another_namespace_step
 
 
 @pytest.mark.parametrize(("stop", "ending"), [
-    ("deleted", ["end_deleted", "retire", "close"]), ("operator stopping", ["close"])])
+    ("deleted", ["end_deleted", "retire", "close"]),
+    ("operator stopping", ["flush", "close"])])
 def test_a_daemon_stopped_while_it_waits_for_a_slot_ends_without_its_step(
         monkeypatch: pytest.MonkeyPatch, stop: str, ending: list[str]) -> None:
     """Its CR deleted while it waited: the trial is still ended (as at any deletion),
@@ -186,7 +191,7 @@ def test_a_daemon_stopped_while_it_waits_for_a_slot_ends_without_its_step(
             assert waiting.exception() is None
             assert daemons.loops["team-b/chat"].calls == ending
         await ended(holder)
-        assert daemons.loops["team-a/chat"].calls == ["step", "close"]
+        assert daemons.loops["team-a/chat"].calls == ["step", "flush", "close"]
         pool.shutdown()
 
     run(main)
@@ -216,7 +221,7 @@ def test_a_cancelled_daemons_ending_waits_for_its_step_on_the_thread(
         await ended(task)
         assert task.cancelled()
         ending = {Reason.RESOURCE_DELETED: ["end_deleted", "retire"],
-                  Reason.FILTERS_MISMATCH: ["abandon", "retire"]}.get(reason, [])
+                  Reason.FILTERS_MISMATCH: ["abandon", "retire"]}.get(reason, ["flush"])
         assert loop.calls == ["step", *ending, "close"] and not loop.overlapped
         pool.shutdown()
 
@@ -275,7 +280,7 @@ def test_deletions_whose_storage_hangs_hold_their_namespaces_share_not_kopfs_thr
 
 @pytest.mark.parametrize(("reason", "ending"), [
     (Reason.RESOURCE_DELETED, ["end_deleted", "retire", "close"]),
-    (Reason.OPERATOR_PAUSING, ["close"])], ids=["deleted", "paused"])
+    (Reason.OPERATOR_PAUSING, ["flush", "close"])], ids=["deleted", "paused"])
 def test_the_deletion_handler_deletes_the_study_only_once_the_crs_daemon_has_ended(
         monkeypatch: pytest.MonkeyPatch, reason: Reason, ending: list[str]) -> None:
     """The handler deletes a tuning CR's study too: deleted while no operator ran, the CR
