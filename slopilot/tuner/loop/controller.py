@@ -51,7 +51,7 @@ from slopilot.tuner.loop.clock_step import rebase_future
 from slopilot.tuner.loop.context import LoopContext, Step, Tick
 from slopilot.tuner.loop.decision import Action, Decision, TrialOutcome
 from slopilot.tuner.loop.episode import commit, tuning
-from slopilot.tuner.loop.errors import ControllerError
+from slopilot.tuner.loop.errors import ControllerError, said
 from slopilot.tuner.loop.scaling import scaling
 from slopilot.tuner.loop.state import ControllerState
 from slopilot.tuner.loop.steady import cooldown, steady
@@ -210,7 +210,7 @@ class Controller(LoopContext):
                               self.settings.key)
             self.metrics.trial(self.settings.deployment, TrialOutcome.FAILED)
             loop.trial = None
-        cause = f"error: {type(exc).__name__}: {exc}"
+        cause = f"error: {type(exc).__name__}: {said(exc)}"
         target = loop.rollback_config()
         if loop.pending_restore is not None:  # tried at its own pace, not at every error
             reason = f"{cause}; a restore is owed: {restore.owed(loop.pending_restore, now)}"
