@@ -25,6 +25,7 @@ from slopilot.operator.policy import OperatorPolicy, policy_problems
 from slopilot.operator.reconcile import not_reconciled
 from slopilot.operator.spec import parse_spec
 from slopilot.operator.study_ledger import record, shard_name
+from slopilot.operator.trial_ends import end_on_storage_switch, fail_ended
 from slopilot.operator.twin_profile import TwinChoice
 from slopilot.tuner.loop.controller import Controller
 from slopilot.tuner.loop.errors import ControllerError
@@ -79,6 +80,8 @@ def build(kube: Kube, handle: KubeDeploymentHandle, body: Mapping[str, Any],
     state = state if state is not None else LoopState()
     ran_on = rebase_episode(state, body)
     named = policy.named_storage(spec.tuning.storage, meta["namespace"])
+    # Its trial's number was asked in the old storage's study: not resumed in the new one.
+    end_on_storage_switch(state, body, named)
     try:  # before the study is opened: every study the operator makes is on record
         record(kube, policy.operator_namespace, meta["namespace"], named)
     except Exception as exc:  # an API error or a dropped connection: built at a next step
@@ -97,6 +100,8 @@ def build(kube: Kube, handle: KubeDeploymentHandle, body: Mapping[str, Any],
                         prometheus_tls=policy.prometheus_tls,
                         warn=functools.partial(_warn_on, body), ran_on=ran_on)
     controller = factory(ctx)
+    # Built: a trial ended without a verdict (trial_ends.py) is told failed in its study.
+    fail_ended(state, body, policy, named)
     log.info("%s/%s: controller built (resumed state: %s)", meta["namespace"], meta["name"],
              state.state.value if resumed else None)
     return controller

@@ -38,6 +38,11 @@ deployment's measured P99s and SLO attainment go to ``status`` too (slo_status.p
   engine reads its ConfigMap only at start, so an edit of a live knob, a pod that read an
   older ConfigMap, or a canary restarted mid-trial would otherwise run a config that
   neither the status nor the controller knows.
+- No trial unwatched: where no controller can be built (the study's storage unreadable,
+  a spec or a policy the operator refuses), the trial on record is ended, its config
+  taken off the pods, and told failed in its study by the next build, never judged on a
+  window that watched nothing (``_unbuilt``, trial_ends.py); under a refused spec, which
+  the sync does not touch, only that owed config goes to the pods (``_take_back``).
 
 The controller comes from controller_build.py, the status it writes from loop_status.py.
 """
@@ -69,6 +74,7 @@ from slopilot.operator.spec import SpecError, parse_spec
 from slopilot.operator.status_writer import write_status
 from slopilot.operator.study_cleanup import delete_studies
 from slopilot.operator.tokens import TokenMint
+from slopilot.operator.trial_ends import end_unbuilt, trial_storage
 from slopilot.operator.tuned_status import NotHeld
 from slopilot.operator.twin_status import TwinTracker
 from slopilot.tuner.loop.controller import Controller
@@ -177,11 +183,51 @@ class DeploymentLoop:
         except (SpecError, ControllerError) as exc:
             self.close()  # rebuilt once the spec or the environment is fixed
             self.logger.warning("controller not running: %s", exc)
-            self._write_condition(str(exc), generation)
+            body = self._unbuilt(body, str(exc), generation)
         self._sync_pods(body, generation)
         self._measure()
         self._check_scrapes(generation)
         return True
+
+    def _unbuilt(self, body: dict[str, Any], why: str, generation: int | None
+                 ) -> dict[str, Any]:
+        """No controller could be built (``why``): the ``Tuning`` condition says so, and
+        a trial on record is ended, its config owed back to the pods (``end_unbuilt``),
+        in one write over the state this step read. The object to sync the pods from."""
+        saved = (body.get("status") or {}).get("controller")
+        ended = end_unbuilt(saved, why, trial_storage(body.get("status")), self.clock())
+        if ended is None:
+            self._write_condition(why, generation)
+            return body
+        assert ended.ended_trial is not None
+        message = (f"{why}; trial {ended.ended_trial.number} ended: its config is taken "
+                   "off the pods, and it is told failed in its study once a controller "
+                   "is built")
+        mine, basis = ended.to_dict(), on_record(saved)
+
+        def build_status(fresh: dict[str, Any]) -> dict[str, Any] | None:
+            status = fresh.get("status") or {}
+            if not self._ours(fresh) or on_record(status.get("controller")) != basis:
+                return None  # another writer's state now: its trial is its own
+            return {"controller": replacing(mine, status.get("controller")),
+                    "conditions": merge_conditions(status.get("conditions"), [condition(
+                        ConditionType.TUNING, False, "ControllerUnavailable", message,
+                        generation)])}
+
+        try:
+            written = write_status(self.kube, self.namespace, self.name, build_status)
+        except Exception as exc:  # the API: the trial is ended at the next step
+            log.warning("%s: trial %d not ended (%s: %s)", self.key,
+                        ended.ended_trial.number, type(exc).__name__, exc)
+            return body
+        if written is None or on_record(
+                (written.get("status") or {}).get("controller")) != on_record(mine):
+            self._write_condition(why, generation)
+            return body if written is None else written
+        log.warning("%s: %s", self.key, message)
+        self.on_record = on_record(mine)
+        self.synced_at = None  # the pods off the trial's config now
+        return written
 
     def _sync_pods(self, body: Mapping[str, Any], generation: int | None) -> None:
         """After the tick, so that a trial it started is kept on its pod (module
@@ -194,6 +240,7 @@ class DeploymentLoop:
             return
         known, trial, basis = self._running_trial(body)
         if not known:
+            self._take_back(body, now, generation)
             return
         if trial is not None and trial.canary and trial.canary_replica is None:
             return  # a canary not on record: which pod runs the trial is not known
@@ -216,6 +263,36 @@ class DeploymentLoop:
             log.warning("%s: a pod is not on the spec's config: %s", self.key, why)
         record_pods_condition(self.kube, self.namespace, self.name, self.uid, done,
                               generation)
+
+    def _take_back(self, body: Mapping[str, Any], now: float, generation: int | None
+                   ) -> None:
+        """A spec the reconcile refuses touches the pods only to take a trial's config
+        off them: where the state on record owes its episode's config (its trial ended
+        with no controller, ``trial_ends.py``, or a rollback's apply failed), that config
+        is sent, whole (over the episode's start), once a ``CONFIG_SYNC_S``. It was
+        recorded under the last spec the operator accepted, which the pods were made
+        from; the refused spec's own knobs and SLO go to no pod."""
+        if self.controller is not None:
+            return
+        saved = (body.get("status") or {}).get("controller")
+        try:
+            state = LoopState.from_dict(saved) if isinstance(saved, Mapping) else None
+        except ControllerError:
+            return
+        target = None if state is None or state.trial is not None \
+            or state.pending_restore is None else state.rollback_config()
+        if state is None or target is None:
+            return
+        self.synced_at, self.synced_for = now, generation
+        try:
+            sent = self.handle.take_back({**(state.baseline_config or {}), **target})
+        except Exception as exc:  # tried again when due; the restore stays owed
+            log.warning("%s: the episode's config was not put back on the pods under a "
+                        "refused spec: %s: %s", self.key, type(exc).__name__, exc)
+            return
+        if sent:
+            log.warning("%s: the spec is refused; the episode's config put back on %s, "
+                        "off the trial's", self.key, ", ".join(sent))
 
     def _running_trial(self, body: Mapping[str, Any]
                        ) -> tuple[bool, RunningTrial | None, Any]:

@@ -46,6 +46,7 @@ from typing import Any
 
 import httpx
 
+from slopilot.engine.config import EngineConfig
 from slopilot.operator.config_sync import ConfigSync, ConfigSyncer
 from slopilot.operator.crd import API_VERSION, KIND, PLURAL
 from slopilot.operator.engine_deployment import vllm_max_num_seqs
@@ -60,8 +61,9 @@ from slopilot.operator.reconcile import not_reconciled
 from slopilot.operator.replica_readiness import why_not_ready
 from slopilot.operator.rollout_status import rollout_of
 from slopilot.operator.scale_stamp import ScaleStamp, read_stamp, record_digest
-from slopilot.operator.spec import Backend, LLMDeploymentSpec, parse_spec
+from slopilot.operator.spec import MAX_REPLICAS, Backend, LLMDeploymentSpec, parse_spec
 from slopilot.operator.tokens import TokenMint
+from slopilot.operator.tuned_base import target_of
 from slopilot.operator.tuned_status import Holds, NotHeld, TunedStatus
 from slopilot.tuner.loop.ports import Pending, Replicas, Rollout, Settled
 from slopilot.tuner.prometheus.bounded import StartTimer, thread_timer
@@ -392,6 +394,37 @@ class KubeDeploymentHandle:
             return ConfigSync()
         return self.syncer.sync(body, spec, self._own_pods(body), self.mint.for_body(body),
                                 trial=trial, trial_on=trial_on)
+
+    def take_back(self, config: Mapping[str, Any]) -> list[str]:
+        """Every ready pod that runs other knobs sent ``config``, a whole engine config
+        from the operator's own record (an episode's, kept under a spec it accepted),
+        where the spec is refused now: a trial's config the operator put on the pods is
+        taken off them, and nothing of the refused spec is sent, nor recorded
+        (``status.tunedConfig`` is put right by the first sync of a spec it accepts).
+        The pods sent it; none for vLLM, whose knobs are arguments no pod takes.
+        ApplyError naming each pod that did not take it; ConfigError for a config the
+        engine refuses."""
+        body = self.body()
+        if target_of(body).backend != Backend.BUILTIN.value:
+            return []
+        engine = EngineConfig().with_overrides(config)
+        want, token = engine.to_dict(), self.mint.for_body(body)
+        # The refused spec's replica bound is not read: the most any spec may ask.
+        found = owned_pods(self.kube, self.namespace, self.name,
+                           body["metadata"].get("uid"), max_replicas=MAX_REPLICAS)
+        pods = [p for p in found.pods if ready(p) and self._runs_other(p, token, want)]
+        if pods:
+            self.admin.put_all(pods, engine, token, self.name)
+        return [str(p["metadata"]["name"]) for p in pods]
+
+    def _runs_other(self, pod: Mapping[str, Any], token: str, want: Mapping[str, Any]
+                    ) -> bool:
+        """Whether ``pod`` runs other knobs than ``want`` (or did not say)."""
+        try:
+            runs = self.admin.get(pod, token)
+        except ApplyError:
+            return True
+        return not isinstance(runs, dict) or any(runs.get(k) != v for k, v in want.items())
 
     def _pick_canary(self, pods: list[dict[str, Any]]) -> dict[str, Any]:
         wanted = self.canary_pod()

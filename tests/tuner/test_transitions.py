@@ -17,7 +17,7 @@ from slopilot.tuner.loop.controller import STEPS, Controller
 from slopilot.tuner.loop.decision import Action
 from slopilot.tuner.loop.errors import ControllerError
 from slopilot.tuner.loop.ports import Pending, Stuck
-from slopilot.tuner.loop.state import ControllerState, LoopState
+from slopilot.tuner.loop.state import ControllerState, LoopState, RunningTrial
 from slopilot.tuner.loop.transitions import (
     TRANSITIONS,
     Event,
@@ -254,6 +254,15 @@ def test_every_row_of_the_table_is_taken_and_nothing_else(
         assert loop.state is S.STEADY, state
         assert loop.reason.startswith(f"{Event.ENGINE_SWITCHED.value}: "), loop.reason
         taken.add((state, S.STEADY, Event.ENGINE_SWITCHED))
+    from slopilot.operator.trial_ends import end_on_storage_switch
+
+    for state in S:  # the study's storage switched: the operator ends the episode
+        loop = LoopState(state=state, trial=RunningTrial(0, {}, 0.0, canary=False))
+        end_on_storage_switch(loop, {"status": {"studyStorages": ["sqlite:////a.db"]}},
+                              "sqlite:////b.db")
+        assert loop.state is S.STEADY and loop.ended_trial is not None, state
+        assert loop.reason.startswith(f"{Event.STORAGE_SWITCHED.value}: "), loop.reason
+        taken.add((state, S.STEADY, Event.STORAGE_SWITCHED))
     table = {(t.source, t.target, t.event) for t in TRANSITIONS}
     assert taken <= table  # holds by construction: a move outside it raises
     assert sorted(table - taken) == [], "rows no run takes"

@@ -20,6 +20,7 @@ The states and every move between them (``transitions.TRANSITIONS``, drawn by
       |<--------------------------------------|   cooldown_over
                                        again->|   commit_stuck
       |<----------------------------- any state   engine_switched
+      |<----------------------------- any state   storage_switched
       |<----------------------------- any state   tuning_off
       any state ----------------------------->|   error
 

@@ -100,6 +100,28 @@ class PendingRestore:
 
 
 @dataclass
+class EndedTrial:
+    """A trial the operator ended with no controller to judge it (none could be built for
+    the CR: its study's storage unreadable, the spec or the operator's policy refusing
+    it), or that a switch of its study's storage ended: its config taken off the pods,
+    and told failed in its own study at the next build, never judged on a window that
+    watched nothing (the operator's ``trial_ends.py``)."""
+
+    number: int
+    reason: str
+    """Why it ended: its ``fail_reason`` in the study."""
+    storage: str | None = None
+    """The storage it was asked in, as the CR names it (the newest of
+    ``status.studyStorages``); None: not known, the current one."""
+    study: str | None = None
+    """The study it was asked in (``RunningTrial.study``)."""
+    config: dict[str, Any] | None = None
+    """Its config: the trial of a study not named is found by number and config."""
+    target: str | None = None
+    """The backend and model it ran on (``LoopState.target``); None: the current ones."""
+
+
+@dataclass
 class RolloutWatch:
     """The loop's own look at the rollout under way (``rollout_watch.py``): when it last
     moved, and, for a commit's, the committed config it replaced."""
@@ -247,6 +269,10 @@ class LoopState:
     """The backend and model (``builtin/<model>``) the loop's episode and trial run on, as
     the operator last built it: a switch since ends them (``rebase_episode``). None: a
     state written before it, taken as the current ones."""
+    ended_trial: EndedTrial | None = None
+    """A trial ended with no controller to judge it, or by a switch of the study's
+    storage, still to be told failed in its own study: at the next build. None: none
+    (and in a state written before it)."""
 
     def count_measured(self) -> None:
         """One more trial of the episode judged on a measured window."""
@@ -307,7 +333,7 @@ class LoopState:
                 f"{', '.join(s.value for s in ControllerState)}") from None
         nested = {"trial": RunningTrial, "pending_restore": PendingRestore,
                   "rollout": RolloutWatch, "replica_wait": ReplicaWait,
-                  "replicas_short": ReplicasShort}
+                  "replicas_short": ReplicasShort, "ended_trial": EndedTrial}
         check_fields(cls, values, "", skip=("state", "stuck_configs", *nested))
         for name, kind in nested.items():
             values[name] = _nested(kind, values, name)

@@ -57,6 +57,7 @@ class Event(enum.StrEnum):
     ERROR = "error"
     TUNING_OFF = "tuning_off"
     ENGINE_SWITCHED = "engine_switched"
+    STORAGE_SWITCHED = "storage_switched"
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,9 @@ _ON_TUNING_OFF = ("tuning turned off (or the deployment deleted): the episode en
 _ON_ENGINE_SWITCHED = ("spec.backend or the model switched: the episode ends, its open "
                        "trial told failed in its own engine's study, its configs "
                        "forgotten")
+_ON_STORAGE_SWITCHED = ("the study's storage switched (spec.tuning.storage, or the "
+                        "operator's default storage): the episode ends, its open trial "
+                        "told failed in the old storage's study")
 TRANSITIONS: tuple[Transition, ...] = (
     Transition(S.STEADY, S.SCALING, Event.SCALE_ALERT,
                "an alert with action scale fires (and none with action hold)"),
@@ -160,6 +164,8 @@ TRANSITIONS: tuple[Transition, ...] = (
     # Nor this: the operator's, as it rebuilds the controller for the switched spec. Its
     # trials were the other engine's (each backend and model has a study of its own).
     *(Transition(s, S.STEADY, Event.ENGINE_SWITCHED, _ON_ENGINE_SWITCHED) for s in S),
+    # The operator's too: the trial's number was asked in the other storage's study.
+    *(Transition(s, S.STEADY, Event.STORAGE_SWITCHED, _ON_STORAGE_SWITCHED) for s in S),
 )
 
 _ALLOWED: dict[tuple[ControllerState, ControllerState], frozenset[Event]] = {}

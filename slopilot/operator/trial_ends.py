@@ -1,0 +1,139 @@
+"""Trials the operator ends without a controller's verdict, and their end in their study.
+
+A trial is left on the pods only while a controller watches it. Two ends come from the
+operator rather than from the loop's steps:
+
+- No controller can be built for the CR (its study's storage unreadable, a spec or an
+  operator's policy that refuses it): the trial on record is ended in the loop state
+  (``end_unbuilt``), as ``Controller._hold`` ends one Prometheus cannot watch. Left on
+  record, its config served unwatched for as long as the build failed (hours of a
+  storage outage, an edit the operator refuses), and a controller built afterwards
+  resumed it and judged it on a window that had measured nothing it tuned: a stale
+  trial was committed. Ended, it counts as a failed trial of its episode, and the
+  episode's config is owed to the pods (``pending_restore``): the daemon's sync brings
+  them to the committed config at once where the spec is accepted, and where it is not,
+  to the episode's config over the last spec the operator accepted
+  (``DeploymentLoop._take_back``); the controller built next applies it before anything
+  else (``restore.py``) and the episode goes on.
+- The study's storage switched (``spec.tuning.storage`` edited, or
+  ``SLOPILOT_DEFAULT_STORAGE`` changed under a CR that names none) while a trial or an
+  episode was under way (``end_on_storage_switch``): its trial's number was asked in the
+  old storage's study, and resumed in the new one it was no trial of that study (a
+  controller error, a rollback and a whole cooldown). The episode ends as a backend
+  switch ends it (``storage_switched``, to STEADY, no cooldown); the next alert starts
+  one in the new storage.
+
+Either way the trial is kept in ``LoopState.ended_trial`` (its storage, as the CR named
+it, its study, number, config and target) and told failed in its own study by the next
+build (``fail_ended``), the end its ``fail_reason``; a storage the policy no longer
+allows is never opened for it, and a trial not told (a storage still down) goes stale
+there, as a switch's does.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from slopilot.operator.daemon import study_name
+from slopilot.operator.policy import OperatorPolicy
+from slopilot.operator.study_cleanup import recorded_storages
+from slopilot.operator.study_storage import StorageRefused, resolve_storage
+from slopilot.operator.tuned_base import target_of
+from slopilot.tuner.loop.errors import ControllerError
+from slopilot.tuner.loop.state import ControllerState, EndedTrial, LoopState, PendingRestore
+from slopilot.tuner.loop.transitions import Event, check
+from slopilot.tuner.study.storage import StudyStorageError
+from slopilot.tuner.study.storage_url import shown
+from slopilot.tuner.study.study_family import LeftTrial, fail_left_trial
+from slopilot.tuner.study.study_target import StudyTarget
+
+log = logging.getLogger(__name__)
+
+UNBUILT = "no_controller"
+"""How an ended trial's ``fail_reason`` begins where no controller could be built."""
+
+
+def trial_storage(status: Mapping[str, Any] | None) -> str | None:
+    """The storage (as the CR names it) the loop state's study was last opened in: the
+    newest of ``status.studyStorages``, which each status write of the daemon keeps.
+    None where none is on record (a status from before the field)."""
+    storages = recorded_storages(status)
+    return storages[-1] if storages else None
+
+
+def end_unbuilt(saved: Any, why: str, storage: str | None, now: float) -> LoopState | None:
+    """The loop state on record (``saved``) with its trial ended because no controller
+    can be built (``why``), its episode's config owed to the pods; None where no trial
+    is on record, or the state cannot be read (the build's error says so)."""
+    if not isinstance(saved, Mapping):
+        return None
+    try:
+        state = LoopState.from_dict(saved)
+    except ControllerError:
+        return None
+    t = state.trial
+    if t is None:
+        return None
+    reason = (f"{UNBUILT}: no controller could be built to watch the trial ({why}); its "
+              "config was taken off the pods")
+    state.ended_trial = EndedTrial(t.number, reason, storage=storage, study=t.study,
+                                   config=dict(t.config), target=state.target)
+    state.trial = None
+    state.episode_trials += 1  # a failed trial of its episode, as any other
+    if state.pending_restore is None:
+        state.pending_restore = PendingRestore(
+            since=now, attempts=0, retry_at=now, trial=t.number,
+            error=f"trial {t.number} ended with no controller to watch it")
+    state.reason = f"{UNBUILT}: trial {t.number} ended, its config taken off the pods"
+    return state
+
+
+def end_on_storage_switch(state: LoopState, body: Mapping[str, Any], named: str) -> None:
+    """End ``state``'s episode where the study's storage is no longer the one it ran in
+    (``named``, the storage the CR names now, against ``trial_storage``): its trial is
+    kept in ``ended_trial`` for the old storage's study (module docstring)."""
+    then = trial_storage(body.get("status"))
+    if then is None or then == named or not (state.trial is not None or state.episode_open):
+        return
+    check(state.state, ControllerState.STEADY, Event.STORAGE_SWITCHED)
+    reason = (f"{Event.STORAGE_SWITCHED.value}: {shown(then)} -> {shown(named)}; the "
+              "episode's trials were the other storage's study's")
+    t = state.trial
+    if t is not None:
+        state.ended_trial = EndedTrial(t.number, reason, storage=then, study=t.study,
+                                       config=dict(t.config), target=state.target)
+    state.state, state.trial, state.reason = ControllerState.STEADY, None, reason
+    state.rollout = state.replica_wait = None
+    meta = body.get("metadata") or {}
+    log.warning("%s/%s: the loop goes to steady: %s", meta.get("namespace"), meta.get("name"),
+                reason)
+
+
+def fail_ended(state: LoopState, body: Mapping[str, Any], policy: OperatorPolicy,
+               named: str) -> None:
+    """Tell ``state.ended_trial`` failed in its own study, and forget it: a storage the
+    policy refuses is not opened, and one that cannot be reached leaves the trial to go
+    stale (said in the log)."""
+    ended, state.ended_trial = state.ended_trial, None
+    if ended is None:
+        return
+    meta = body["metadata"]
+    key = f"{meta['namespace']}/{meta['name']}"
+    storage = ended.storage if ended.storage is not None else named
+    target = StudyTarget.from_key(ended.target) if ended.target is not None \
+        else target_of(body)
+    left = LeftTrial(ended.number, ended.study, ended.config)
+    try:
+        url = resolve_storage(storage, policy.storage_rules, meta["namespace"])
+        failed = fail_left_trial(url, study_name(meta["namespace"], meta["name"],
+                                                 str(meta.get("uid") or "")),
+                                 target, left, ended.reason)
+    except (StorageRefused, StudyStorageError) as exc:
+        log.warning("%s: trial %d, ended without a verdict, not told failed (it goes "
+                    "stale): %s", key, ended.number, exc)
+        return
+    if failed is not None:
+        log.info("%s: trial %d told failed in study %s: %s", key, ended.number, failed,
+                 ended.reason)
