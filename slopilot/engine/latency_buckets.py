@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import math
 
+from slopilot.engine.alert_factors import DEFAULT_FACTORS, MAX_FACTORS, AlertFactors
+from slopilot.engine.request import Priority
 from slopilot.engine.slo import SLOSpec
 
 # Edges sit on every SLO threshold of the profiles (and on twice each), so that
@@ -66,20 +68,20 @@ REQUEST_LATENCY_BUCKETS: tuple[float, ...] = tuple(sorted(
     set(LATENCY_BUCKETS) | set(VLLM_REQUEST_LATENCY_BUCKETS)))
 
 
-SLO_EDGE_FACTORS: tuple[float, ...] = (1.0, 2.0)
-"""The multiples of each class's TTFT and TBT targets a deployment's histograms carry as
-edges: the SLO itself (a trial's verdict, the goodput, the TTFT warning and the
-sustained rows) and twice it (the TTFT retune, the TBT scale), as the alert table's
-default factors judge them (``alert_table.RuleOptions``), computed as it computes them
-(``factor * ms / 1000``), so an edge and its threshold are the same double."""
-MAX_SLO_EDGES = len(SLO_EDGE_FACTORS) * 3
-"""The most edges a deployment's SLO adds to one histogram: two per class, three classes
-(``Priority``), whatever the SLO holds: at most 6 series more per class and histogram."""
+MAX_SLO_EDGES = MAX_FACTORS * len(Priority)
+"""The most edges a deployment's SLO and alert factors add to one histogram: one per
+class and factor judged (``AlertFactors.factors``: at most 3, a TTFT's target, warning
+and retune; a TBT's target and scale, 2), three classes: at most 9 series more per class
+and TTFT histogram, 6 per token-gap one, whatever the SLO and ``spec.alerts`` hold."""
 
 
-def slo_edges(slo: SLOSpec | None, *, ttft: bool) -> tuple[float, ...]:
+def slo_edges(slo: SLOSpec | None, *, ttft: bool,
+              factors: AlertFactors = DEFAULT_FACTORS) -> tuple[float, ...]:
     """The thresholds of ``slo`` its TTFT (``ttft``) or token-gap histograms carry as
-    edges beside ``TOKEN_LATENCY_BUCKETS``: each class's target and twice it, every
+    edges beside ``TOKEN_LATENCY_BUCKETS``: each class's target times each factor the
+    deployment's rules judge it by (``factors``: the target itself and ``spec.alerts``',
+    by default the seeds' 1 and 2), computed as the alert table computes them
+    (``factor * ms / 1000``), so an edge and its threshold are the same double. Every
     class's on every class's histogram (a sum over classes, the overall P99, then reads
     one set of edges). Those the grid holds already add none; so do those under its
     first edge (1 ms) or at or past its last finite one (300 s, what a first token never
@@ -89,6 +91,9 @@ def slo_edges(slo: SLOSpec | None, *, ttft: bool) -> tuple[float, ...]:
     if slo is None:
         return ()
     field = "ttft_p99_ms" if ttft else "tbt_p99_ms"
+    multiples = factors.factors(ttft=ttft)
+    if len(multiples) > MAX_FACTORS:  # AlertFactors has no more; a bound, not a hope
+        raise ValueError(f"{len(multiples)} factors {multiples}: at most {MAX_FACTORS}")
     grid = TOKEN_LATENCY_BUCKETS
     out: set[float] = set()
     for p, target in slo.classes().items():
@@ -99,24 +104,26 @@ def slo_edges(slo: SLOSpec | None, *, ttft: bool) -> tuple[float, ...]:
                 or not math.isfinite(ms) or ms <= 0:
             raise ValueError(f"classes.{p.label}.{field}={ms!r}: expected a positive "
                              "number of milliseconds; fix the SLO")
-        for factor in SLO_EDGE_FACTORS:
+        for factor in multiples:
             edge = factor * ms / 1000
             if not grid[0] <= edge < grid[-1]:
                 continue
             if any(abs(edge - e) <= EDGE_TOLERANCE for e in grid):
                 continue
             out.add(edge)
-    if len(out) > MAX_SLO_EDGES:  # two per class by construction; a bound, not a hope
+    if len(out) > MAX_SLO_EDGES:  # a factor a class by construction; a bound, not a hope
         raise ValueError(f"{len(out)} SLO edges: at most {MAX_SLO_EDGES}")
     return tuple(sorted(out))
 
 
-def token_latency_buckets(slo: SLOSpec | None, *, ttft: bool) -> tuple[float, ...]:
-    """``TOKEN_LATENCY_BUCKETS`` with ``slo``'s thresholds as edges (``slo_edges``): what
-    a TTFT (``ttft``) or token-gap histogram of a process started with ``slo`` exports.
+def token_latency_buckets(slo: SLOSpec | None, *, ttft: bool,
+                          factors: AlertFactors = DEFAULT_FACTORS) -> tuple[float, ...]:
+    """``TOKEN_LATENCY_BUCKETS`` with ``slo``'s thresholds at ``factors`` as edges
+    (``slo_edges``): what a TTFT (``ttft``) or token-gap histogram of a process started
+    with ``slo`` and ``factors`` exports.
     Fixed for the process' life: a histogram's buckets cannot be split afterwards (the
     observations already in one are not known to either side of a new edge)."""
-    extra = slo_edges(slo, ttft=ttft)
+    extra = slo_edges(slo, ttft=ttft, factors=factors)
     if not extra:
         return TOKEN_LATENCY_BUCKETS
     return tuple(sorted({*TOKEN_LATENCY_BUCKETS, *extra}))

@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from slopilot import __version__
+from slopilot.engine.alert_factors import DEFAULT_FACTORS, AlertFactors
 from slopilot.engine.awaiting import AwaitingFirstToken
 from slopilot.engine.config import EngineConfig
 from slopilot.engine.iteration_metrics import IterationMetrics
@@ -178,9 +179,11 @@ class EngineMetrics:
         """The objectives requests are judged by from now on (``Verdicts.set_slo``)."""
         self._verdicts.set_slo(slo)
 
-    def export_slo_edges(self, slo: SLOSpec | None) -> None:
-        """Give the TTFT and token-gap histograms ``slo``'s thresholds as edges
-        (``latency_buckets.slo_edges``), so a P99 just over a deployment's own target
+    def export_slo_edges(self, slo: SLOSpec | None,
+                         factors: AlertFactors = DEFAULT_FACTORS) -> None:
+        """Give the TTFT and token-gap histograms ``slo``'s thresholds at ``factors``
+        (the deployment's ``spec.alerts``) as edges (``latency_buckets.slo_edges``), so a
+        P99 just over a deployment's own target, or over an alert's multiple of it,
         reads over it. Before the first observation only (``slopilot serve`` at its
         start): a bucket already counted cannot be split, and an SLO that arrives later
         (``PUT /admin/slo``) judges requests without moving the edges; the rules read
@@ -188,9 +191,11 @@ class EngineMetrics:
         if any(r.done for r in (*self._ttft, *self._itl)):
             raise RuntimeError("export_slo_edges after the first TTFT or token gap was "
                                "observed: give the SLO's edges before serving")
-        self._ttft = [HistogramRecorder(token_latency_buckets(slo, ttft=True))
+        self._ttft = [HistogramRecorder(token_latency_buckets(slo, ttft=True,
+                                                              factors=factors))
                       for _ in Priority]
-        self._itl = [HistogramRecorder(token_latency_buckets(slo, ttft=False))
+        self._itl = [HistogramRecorder(token_latency_buckets(slo, ttft=False,
+                                                             factors=factors))
                      for _ in Priority]
         self._histograms = self._histogram_texts()
 

@@ -117,14 +117,14 @@ def test_a_target_off_the_grids_ends_adds_no_edge(ms: float) -> None:
                    for e in slo_edges(slo, ttft=ttft))
 
 
-def test_no_slo_adds_more_than_two_edges_a_class() -> None:
+def test_no_slo_adds_more_than_two_edges_a_class_at_the_seeds_factors() -> None:
     # Every class with its own odd targets: 3 classes x (target, twice it) at most.
     odd = SLOSpec.from_dict({"classes": {p.label: {"ttftP99Ms": 701 + 3 * p.value,
                                                    "tbtP99Ms": 21.7 + p.value}
                                          for p in Priority}})
     for ttft in (True, False):
         extra = slo_edges(odd, ttft=ttft)
-        assert len(extra) == MAX_SLO_EDGES == 6
+        assert len(extra) == 6 < MAX_SLO_EDGES
         assert len(token_latency_buckets(odd, ttft=ttft)) == len(TOKEN_LATENCY_BUCKETS) + 6
 
 
@@ -188,3 +188,126 @@ def test_a_quantile_read_as_the_engine_exports_it_reads_the_slos_edge() -> None:
     assert latency_quantile(0.99, ttfts) == pytest.approx(0.825)
     assert latency_quantile(0.99, ttfts, edges=token_latency_buckets(CUSTOM, ttft=True)) \
         == pytest.approx(0.83)
+
+
+def test_an_alert_factors_thresholds_are_edges_too() -> None:
+    # spec.alerts' retune at 1.37 x 800 ms: 1.096 s, inside the grid's (1.0, 1.1] s, is
+    # an edge, the double the alert table's threshold is (factor * ms / 1000).
+    from slopilot.engine.alert_factors import AlertFactors
+
+    slo = SLOSpec.from_dict({"classes": {"p0": {"ttftP99Ms": 800}}})
+    factors = AlertFactors(ttft_warning=1.0, ttft_retune=1.37, tbt_scale=2.0)
+    assert 1.37 * 800 / 1000 in slo_edges(slo, ttft=True, factors=factors)
+    assert slo_edges(slo, ttft=True) == (0.8,)  # the seeds' factors: as before
+    # Twice P1's 1,234.5 ms (2.469 s, off the grid) is judged by no row at these
+    # factors: no edge.
+    assert 2.469 in slo_edges(CUSTOM, ttft=True)
+    assert 2.469 not in slo_edges(CUSTOM, ttft=True, factors=factors)
+
+
+def test_no_slo_and_factors_add_more_than_three_edges_a_class() -> None:
+    # Every class with its own odd targets, every factor odd: 3 classes x (target,
+    # warning, retune) on a TTFT histogram, x (target, scale) on a gap one.
+    from slopilot.engine.alert_factors import MAX_FACTORS, AlertFactors
+
+    odd = SLOSpec.from_dict({"classes": {p.label: {"ttftP99Ms": 701 + 3 * p.value,
+                                                   "tbtP99Ms": 21.7 + p.value}
+                                         for p in Priority}})
+    factors = AlertFactors(ttft_warning=1.13, ttft_retune=1.71, tbt_scale=2.9)
+    assert len(slo_edges(odd, ttft=True, factors=factors)) == MAX_SLO_EDGES == 9
+    assert MAX_FACTORS * len(Priority) == MAX_SLO_EDGES
+    assert len(slo_edges(odd, ttft=False, factors=factors)) == 6
+    for ttft in (True, False):
+        assert len(token_latency_buckets(odd, ttft=ttft, factors=factors)) \
+            == len(TOKEN_LATENCY_BUCKETS) + len(slo_edges(odd, ttft=ttft, factors=factors))
+
+
+def test_the_engine_and_the_meter_export_the_edges_of_their_factors() -> None:
+    from slopilot.engine.alert_factors import AlertFactors
+
+    factors = AlertFactors(ttft_retune=1.37, tbt_scale=2.5)
+    m = EngineMetrics("m")
+    m.export_slo_edges(CUSTOM, factors)
+    text = m.render().decode()
+    for p in Priority:
+        assert 1.37 * 800 / 1000 in edges_of(text, TTFT, p.label)
+        assert 2.5 * 23 / 1000 in edges_of(text, TBT, p.label)
+    assert 'le="1.096"' in text  # the text the rule selects (rules._le)
+    latency = ClientLatency(Priority.P0, CUSTOM, factors)
+    assert 1.096 in latency.ttft.edges and 0.0575 in latency.gaps.edges
+
+
+def test_serve_exports_the_edges_of_the_alert_factors_file_it_started_with(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from slopilot.engine.alert_factors import ALERTS_FILE_ENV
+    from slopilot.engine.server import commands
+    from slopilot.engine.slo import SLO_FILE_ENV
+
+    (tmp_path / "slo.json").write_text(json.dumps(CUSTOM.to_dict()))
+    (tmp_path / "alerts.json").write_text('{"ttftRetuneFactor": 1.37}')
+    monkeypatch.setenv(SLO_FILE_ENV, str(tmp_path / "slo.json"))
+    monkeypatch.setenv(ALERTS_FILE_ENV, str(tmp_path / "alerts.json"))
+    seen: list[str] = []
+    monkeypatch.setattr("slopilot.engine.server.uvicorn_runner.serve_forever",
+                        lambda backend, **kw: seen.append(backend.metrics.render().decode())
+                        or 0)
+    parser = argparse.ArgumentParser()
+    commands.register(parser.add_subparsers())
+    args = parser.parse_args(["serve", "--executor", "simulated"])
+    assert args.func(args) == 0
+    assert {0.8, 1.096} <= set(edges_of(seen[0], TTFT, "p0"))
+    assert 2.469 not in edges_of(seen[0], TTFT, "p0")  # 2 x P1's: no factor of 2 now
+
+
+def test_serve_refuses_an_alert_factors_file_it_cannot_use_naming_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from slopilot.engine.alert_factors import ALERTS_FILE_ENV
+    from slopilot.engine.server import commands
+
+    (tmp_path / "alerts.json").write_text('{"ttftRetuneFactor": 0.5}')
+    monkeypatch.setenv(ALERTS_FILE_ENV, str(tmp_path / "alerts.json"))
+    parser = argparse.ArgumentParser()
+    commands.register(parser.add_subparsers())
+    args = parser.parse_args(["serve", "--executor", "simulated"])
+    assert args.func(args) != 0
+    err = capsys.readouterr().err
+    assert ALERTS_FILE_ENV in err and "ttftRetuneFactor=0.5" in err
+
+
+def test_the_meter_command_exports_the_edges_of_its_alert_factors_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import uvicorn
+
+    from slopilot.cli import main
+    from slopilot.engine.alert_factors import ALERTS_FILE_ENV
+
+    slo = tmp_path / "slo.json"
+    slo.write_text(json.dumps(CUSTOM.to_dict()))
+    (tmp_path / "alerts.json").write_text('{"ttftRetuneFactor": 1.37, "tbtScaleFactor": 2.5}')
+    monkeypatch.setenv(ALERTS_FILE_ENV, str(tmp_path / "alerts.json"))
+    apps: list[Any] = []
+    monkeypatch.setattr(uvicorn.Server, "run",
+                        lambda self, sockets=None: apps.append(self.config.app))
+    main(["meter", "--upstream", "http://127.0.0.1:8001", "--slo-file", str(slo),
+          "--host", "127.0.0.1", "--port", "0"])
+    meter = apps[0]
+    while not hasattr(meter, "latency"):
+        meter = meter.app
+    assert 1.096 in meter.latency.ttft.edges and 0.0575 in meter.latency.gaps.edges
+
+
+def test_the_meter_command_refuses_an_alert_factors_file_it_cannot_use(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from slopilot.cli import main
+    from slopilot.engine.alert_factors import ALERTS_FILE_ENV
+
+    slo = tmp_path / "slo.json"
+    slo.write_text(json.dumps(CUSTOM.to_dict()))
+    monkeypatch.setenv(ALERTS_FILE_ENV, str(tmp_path / "missing.json"))
+    code = main(["meter", "--upstream", "http://127.0.0.1:8001", "--slo-file", str(slo),
+                 "--host", "127.0.0.1", "--port", "0"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert ALERTS_FILE_ENV in err and "no such file" in err

@@ -27,6 +27,7 @@ from collections.abc import Iterator
 
 from prometheus_client.core import Metric
 
+from slopilot.engine.alert_factors import DEFAULT_FACTORS, AlertFactors
 from slopilot.engine.latency_buckets import token_latency_buckets
 from slopilot.engine.metric_window import HistogramRecorder
 from slopilot.engine.metrics_text import HistogramText, families
@@ -53,13 +54,15 @@ LABELS = ("model_name", "priority_class")
 
 class ClientLatency:
     """One meter's histograms: its one class, every stream it judges. ``slo``: the SLO
-    it started with, whose thresholds are edges of both for its life (an edit read
-    live judges streams by the new one; the edges stay: docs/operations.md)."""
+    it started with, whose thresholds (at the deployment's alert ``factors``) are edges
+    of both for its life (an edit read live judges streams by the new one; the edges
+    stay: docs/operations.md)."""
 
-    def __init__(self, priority: Priority, slo: SLOSpec | None = None) -> None:
+    def __init__(self, priority: Priority, slo: SLOSpec | None = None,
+                 factors: AlertFactors = DEFAULT_FACTORS) -> None:
         self.priority = priority
-        self.ttft = HistogramRecorder(token_latency_buckets(slo, ttft=True))
-        self.gaps = HistogramRecorder(token_latency_buckets(slo, ttft=False))
+        self.ttft = HistogramRecorder(token_latency_buckets(slo, ttft=True, factors=factors))
+        self.gaps = HistogramRecorder(token_latency_buckets(slo, ttft=False, factors=factors))
         self.abandoned = {False: 0, True: 0}
         """Choices of the streams cut short before their first token (``CLIENT_ABANDONED``),
         by whether their client left within its TTFT target."""

@@ -92,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
 
     import httpx
 
+    from slopilot.engine.alert_factors import AlertFactorsError, alert_factors_from_env
     from slopilot.engine.listen_socket import ListenError, bind_listen
     from slopilot.engine.meter.proxy import Meter
     from slopilot.engine.meter.slo_watch import SLOWatch
@@ -127,6 +128,11 @@ def run(args: argparse.Namespace) -> int:
     except SLOError as exc:
         print(f"slopilot meter: --slo-file {exc}", file=sys.stderr)
         return 2
+    try:
+        factors = alert_factors_from_env()
+    except AlertFactorsError as exc:
+        print(f"slopilot meter: {exc}", file=sys.stderr)
+        return 2
     try:  # here, not in uvicorn: its failed bind was an ERROR line naming no flag
         listen = bind_listen(args.host, args.port, "--port")
     except ListenError as exc:
@@ -134,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     app = Meter(args.upstream, slo, Priority.parse(args.priority_class),
                 max_body_bytes=max_body, body_budget_bytes=budget,
-                max_model_len=args.max_model_len)
+                max_model_len=args.max_model_len, alert_factors=factors)
     map_large_blocks()  # a body freed is memory given back (process-wide, so here)
     server = _announcing(args.upstream)(uvicorn_config(
         app, host=args.host, port=args.port, log_level=args.log_level, deadlines=deadlines,

@@ -51,6 +51,7 @@ from collections.abc import AsyncIterator, Callable
 
 import httpx
 
+from slopilot.engine.alert_factors import DEFAULT_FACTORS, AlertFactors
 from slopilot.engine.awaiting import past_target
 from slopilot.engine.body_items import ItemLimit, within
 from slopilot.engine.connection_cap import ConnectionCap
@@ -132,14 +133,15 @@ class Meter:
                  clock: Callable[[], float] = time.monotonic,
                  max_body_bytes: int = MAX_BODY_BYTES,
                  body_budget_bytes: int = BODY_BUDGET_BYTES,
-                 max_model_len: int | None = None) -> None:
+                 max_model_len: int | None = None,
+                 alert_factors: AlertFactors = DEFAULT_FACTORS) -> None:
         self.upstream = upstream.rstrip("/")
         self.upstream_url = httpx.URL(self.upstream)
         self.slo, self.priority, self.clock = slo, priority, clock
         self.verdicts = slo.verdicts
-        self.latency = ClientLatency(priority, slo.current())
+        self.latency = ClientLatency(priority, slo.current(), alert_factors)
         """Each judged stream's first tokens and gaps, observed as written; the SLO at
-        the start gives their histograms its thresholds as edges."""
+        the start gives their histograms its thresholds, at ``alert_factors``, as edges."""
         if not 1 <= max_body_bytes <= body_budget_bytes:
             raise ValueError(f"max_body_bytes={max_body_bytes}: expected at least 1 and at "
                              f"most body_budget_bytes ({body_budget_bytes}), or a body of "

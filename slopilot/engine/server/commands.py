@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from slopilot.engine.alert_factors import alert_factors_from_env
 from slopilot.engine.deadline_flags import (
     add_deadline_flags,
     add_max_connections_flag,
@@ -288,6 +289,7 @@ def _serve(args: argparse.Namespace) -> int:
         slo_file = args.slo or (Path(os.environ[SLO_FILE_ENV]) if os.environ.get(SLO_FILE_ENV)
                                 else None)
         slo = None if slo_file is None else load_slo_file(slo_file)
+        factors = alert_factors_from_env()
         clients = None if args.clients is None else load_clients_file(args.clients)
         deadlines = deadlines_from_flags(args)
         max_connections = max_connections_from_flag(args.max_connections, 1)
@@ -332,9 +334,10 @@ def _serve(args: argparse.Namespace) -> int:
     except (BackendError, ValueError, OSError) as exc:
         return _fail(str(exc))
     backend.metrics.set_slo(slo)
-    # Before the first request: the SLO's thresholds become edges of the TTFT and gap
-    # histograms for this process' life (one edited later is read judged on it).
-    backend.metrics.export_slo_edges(slo)
+    # Before the first request: the SLO's thresholds, at the deployment's alert factors,
+    # become edges of the TTFT and gap histograms for this process' life (one edited
+    # later is read judged on it).
+    backend.metrics.export_slo_edges(slo, factors)
     binding.release_calling_thread()
     from slopilot.engine.listen_socket import ListenError
     from slopilot.engine.server.uvicorn_runner import serve_forever
