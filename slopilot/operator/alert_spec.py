@@ -11,6 +11,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from slopilot.engine.alert_factors import AlertFactors
 from slopilot.engine.slo import SLOSpec
 from slopilot.tuner.prometheus.rules import LatencySources, RuleError, RuleOptions
 
@@ -42,6 +43,15 @@ def alert_options(values: Mapping[str, Any]) -> tuple[RuleOptions, list[str]]:
         for camel, name in ALERT_FIELDS.items():
             message = re.sub(rf"\b{name}=", f"spec.alerts.{camel}=", message)
         return defaults, [message]
+
+
+def edge_factors(options: RuleOptions) -> AlertFactors:
+    """The factors of ``options`` the pods make edges of (``latency_buckets.slo_edges``):
+    the ones its latency rows multiply an SLO target by, read from the same fields, so
+    that every threshold the rules judge is an edge of the histograms they read."""
+    return AlertFactors(ttft_warning=options.ttft_warning_factor,
+                        ttft_retune=options.ttft_retune_factor,
+                        tbt_scale=options.tbt_factor)
 
 
 def unreachable_rows(slo: SLOSpec, options: RuleOptions, latency: LatencySources

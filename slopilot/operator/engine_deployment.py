@@ -34,6 +34,7 @@ from slopilot.operator.pod_layout import (
     SLO_FILE,
     VLLM_PORT,
     VLLM_PORT_NAME,
+    alerts_file_env,
     container_security_context,
 )
 from slopilot.operator.quantity import stored_form
@@ -166,6 +167,7 @@ def _container(spec: LLMDeploymentSpec, admin_token_sha256: str | None,
         # An environment variable, not --slo: an older image ignores it rather than
         # refusing an unknown flag, and only then judges no requests.
         env.append({"name": SLO_FILE_ENV, "value": f"{CONFIG_DIR}/{SLO_FILE}"})
+        env.append(alerts_file_env())
         if admin_token_sha256 is not None:
             # The digest admits the operator's token and reveals nothing of it, so it may
             # sit in the template: no Secret in the tenant's namespace (tokens.py).

@@ -23,6 +23,7 @@ from slopilot.operator.pod_layout import (
     PORT,
     SLO_FILE,
     VLLM_PORT,
+    alerts_file_env,
     container_security_context,
 )
 from slopilot.operator.spec import LLMDeploymentSpec
@@ -91,7 +92,7 @@ def meter_container(spec: LLMDeploymentSpec, image: str,
     return {
         "name": "meter", "image": image, "command": meter_command(spec),
         "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
-        "env": [{"name": "HOME", "value": "/tmp"}],
+        "env": [{"name": "HOME", "value": "/tmp"}, alerts_file_env()],
         # The directory, never a subPath: the kubelet updates no subPath mount, and an
         # SLO edit reaches the meter only by the file changing. /tmp is its own, not the
         # pod's: the tenant's vLLM image has no way into the meter's files.

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from slopilot.engine.alert_factors import ALERTS_FILE_ENV
+
 PORT = 8000
 # The built-in engine's /admin/* endpoints listen here, apart from inference, so that the
 # NetworkPolicy can let only the operator reach them (`slopilot serve --admin-port`).
@@ -25,9 +27,17 @@ must span a few of these for every replica's rates to read its requests."""
 CONFIG_DIR = "/etc/slopilot"
 CONFIG_FILE = "engine.json"
 SLO_FILE = "slo.json"
+ALERTS_FILE = "alerts.json"
+"""Beside ``SLO_FILE``: ``spec.alerts``' factors, whose thresholds the pods make edges."""
 CLIENTS_FILE = "clients.json"
 
 
 def container_security_context() -> dict[str, Any]:
     return {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
             "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}}
+
+
+def alerts_file_env() -> dict[str, str]:
+    """What tells ``slopilot serve`` and ``slopilot meter`` where ``ALERTS_FILE`` is: a
+    variable, not a flag, so an image from before it starts as before (ignoring it)."""
+    return {"name": ALERTS_FILE_ENV, "value": f"{CONFIG_DIR}/{ALERTS_FILE}"}

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from slopilot.engine.config import EngineConfig
+from slopilot.operator.alert_spec import edge_factors
 from slopilot.operator.disruption_budget import render_pod_disruption_budget
 from slopilot.operator.engine_deployment import render_deployment, vllm_args
 from slopilot.operator.images import SHIPPED_IMAGES, Images
@@ -24,6 +25,7 @@ from slopilot.operator.network_peers import DEFAULT_PROMETHEUS_PEERS, Peer
 from slopilot.operator.owned_meta import object_meta, selector
 from slopilot.operator.pod_layout import (
     ADMIN_PORT_NAME,
+    ALERTS_FILE,
     CLIENTS_FILE,
     CONFIG_FILE,
     PORT,
@@ -63,10 +65,14 @@ def config_json(config: EngineConfig) -> str:
 def render_config_map(body: Mapping[str, Any], spec: LLMDeploymentSpec) -> dict[str, Any]:
     """The knobs and the SLO the built-in engine starts with (it reads both only at
     start: a live change is a PUT, ``KubeDeploymentHandle.sync_config``); a vLLM pod's
-    meter reads the SLO, again whenever the kubelet updates the file. With
-    ``spec.clients``, the grants, which the built-in engine re-reads when they change."""
+    meter reads the SLO, again whenever the kubelet updates the file. Beside the SLO,
+    the factors ``spec.alerts`` multiplies it by, which both read at their start only:
+    every threshold the rules judge becomes an edge of their histograms
+    (``alert_factors.py``). With ``spec.clients``, the grants, which the built-in engine
+    re-reads when they change."""
     data = {CONFIG_FILE: config_json(spec.engine),
-            SLO_FILE: json.dumps(spec.slo.to_dict(), sort_keys=True)}
+            SLO_FILE: json.dumps(spec.slo.to_dict(), sort_keys=True),
+            ALERTS_FILE: json.dumps(edge_factors(spec.alerts).to_dict(), sort_keys=True)}
     if spec.clients is not None:
         data[CLIENTS_FILE] = json.dumps(spec.clients.to_dict(), sort_keys=True)
     return {"apiVersion": "v1", "kind": "ConfigMap",

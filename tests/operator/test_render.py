@@ -286,6 +286,33 @@ def test_the_engine_is_given_the_deployments_slo_to_judge_requests_by() -> None:
     assert SLO_FILE_ENV not in {e["name"] for e in container(vllm.deployment)["env"]}
 
 
+def test_both_backends_pods_are_given_the_alert_factors_beside_the_slo() -> None:
+    """Every threshold the rules judge (a target times a ``spec.alerts`` factor) is an
+    edge of the pods' histograms only if the pods know the factors: a file of its own in
+    the ConfigMap (an older image refuses unknown SLO fields), named by a variable (an
+    older image ignores it), read at the start only; an edit rolls nothing."""
+    from slopilot.engine.alert_factors import ALERTS_FILE_ENV, AlertFactors
+
+    alerts = {"ttftWarningFactor": 1.1, "ttftRetuneFactor": 1.37, "tbtScaleFactor": 3}
+    for backend, reader in (("builtin", "engine"), ("vllm", "meter")):
+        b, spec = render(backend=backend, alerts=alerts)
+        out = render_all(b, spec)
+        data = json.loads(out.config_map["data"]["alerts.json"])
+        assert AlertFactors.from_dict(data) == AlertFactors(1.1, 1.37, 3.0)
+        assert data == {k: float(v) for k, v in alerts.items()}
+        (c,) = [c for c in out.deployment["spec"]["template"]["spec"]["containers"]
+                if c["name"] == reader]
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        assert env[ALERTS_FILE_ENV] == "/etc/slopilot/alerts.json"
+        default = render_all(*render(backend=backend))
+        assert AlertFactors.from_dict(json.loads(
+            default.config_map["data"]["alerts.json"])) == AlertFactors()
+        assert checksum(default) == checksum(out)  # a factor edit restarts nothing
+    vllm = render_all(*render(backend="vllm"))
+    engine = {e["name"] for e in container(vllm.deployment)["env"]}
+    assert ALERTS_FILE_ENV not in engine  # vLLM's own container: the meter reads it
+
+
 # A tenant's CR written as if it were a pod template, to land on reserved GPU nodes, run
 # as another account, mount a node's files or give vLLM flags the operator never renders.
 POD_FIELDS = {

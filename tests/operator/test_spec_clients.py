@@ -81,7 +81,7 @@ def test_a_spec_without_clients_has_none_and_renders_as_before() -> None:
     assert parse_spec(body(clients=None)).clients is None
     plain, null = rendered(), rendered(clients=None)
     assert plain == null
-    assert set(plain.config_map["data"]) == {"engine.json", "slo.json"}
+    assert set(plain.config_map["data"]) == {"engine.json", "slo.json", "alerts.json"}
     assert "--clients" not in engine(plain)["command"]
 
 

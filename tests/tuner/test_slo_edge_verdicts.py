@@ -9,7 +9,9 @@ ms) the recorded P99 read 795 ms: met, where the user measures a miss. The histo
 now carry the deployment's thresholds as edges (``latency_buckets.slo_edges``), so the
 same first tokens read over 800 ms; a replica started before the SLO was edited, whose
 histograms lack the new edge, is still read judged (no breach its buckets cannot prove),
-replica by replica.
+replica by replica. So are the thresholds of ``spec.alerts``' factors (the retune at 1.37
+x 800 ms: 1.096 s, inside (1.0, 1.1] s), which the pods learn from the ConfigMap's
+``alerts.json`` (``alert_factors.py``): a P99 of 1.099 s read 1.048 s and never retuned.
 
 Real histograms (``EngineMetrics``, the meter's ``ClientLatency``), their exposition the
 input of promtool's unit test of the rules the operator renders; and the direct scrape
@@ -381,3 +383,159 @@ def test_the_direct_scrape_reads_the_overall_p99_of_a_mixed_fleet_as_the_rules_d
                                engine_exposition(STANDARD, AT_795)]})
     overall = got.overall.ttft_p99_ms
     assert overall is not None and overall <= 800
+
+
+RETUNE_AT_137 = {"ttftRetuneFactor": 1.37}
+"""P0's retune at 1.37 x its 800 ms SLO: 1.096 s, inside the fixed (1.0, 1.1] s bucket."""
+AT_1099 = [0.5] * 980 + [1.099] * 20
+"""2 % of the first tokens at 1.099 s: the true P99 is 1.099 s, over the retune's 1.096."""
+
+
+def operator_objects(sample: str, alerts: dict[str, Any]) -> list[dict[str, Any]]:
+    """What the operator renders for ``sample`` as team-a/chat with the custom SLO and
+    ``alerts`` (``spec.alerts``)."""
+    import copy
+
+    from slopilot.operator.reconcile import desired_objects
+    from slopilot.operator.spec import parse_spec
+    from tests.tuner.test_stall_alerts import SAMPLES
+
+    body = copy.deepcopy(yaml.safe_load((SAMPLES / sample).read_text()))
+    body["metadata"] = {"name": "chat", "namespace": "team-a", "uid": "team-a-uid"}
+    body["spec"]["slo"] = CUSTOM_SLO
+    body["spec"]["alerts"] = {**body["spec"].get("alerts", {}), **alerts}
+    return desired_objects(body, parse_spec(body), replicas=1, monitoring=True,
+                           operator_namespace="slopilot", namespace_label="namespace",
+                           dcgm_namespace="gpu-operator")
+
+
+def mounted(objects: list[dict[str, Any]], container: str, tmp_path: Path
+            ) -> tuple[dict[str, str], list[str]]:
+    """The ``container``'s environment and command as its pod runs them, the
+    ConfigMap's files under ``tmp_path`` where the pod mounts them."""
+    from slopilot.operator.pod_layout import CONFIG_DIR
+
+    config_map = next(o for o in objects if o["kind"] == "ConfigMap")
+    for name, text in config_map["data"].items():
+        (tmp_path / name).write_text(text)
+    deployment = next(o for o in objects if o["kind"] == "Deployment")
+    spec = next(c for c in deployment["spec"]["template"]["spec"]["containers"]
+                if c["name"] == container)
+    env = {e["name"]: e["value"].replace(CONFIG_DIR, str(tmp_path))
+           for e in spec.get("env", []) if "value" in e}
+    return env, [arg.replace(CONFIG_DIR, str(tmp_path)) for arg in spec["command"]]
+
+
+def rendered_rules(objects: list[dict[str, Any]], tmp_path: Path) -> str:
+    rule = next(o for o in objects if o["kind"] == "PrometheusRule")
+    for r in rule["spec"]["groups"][0]["rules"]:
+        r.pop("annotations", None)
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rule["spec"], sort_keys=False,
+                                                        width=200))
+    return "rules.yaml"
+
+
+def builtin_pod_exposition(objects: list[dict[str, Any]], tmp_path: Path,
+                           ttfts: list[float]) -> str:
+    """The built-in engine's /metrics in the pod the operator renders, as ``slopilot
+    serve`` starts there (the SLO and the alert factors from the files its environment
+    names)."""
+    from slopilot.engine.alert_factors import alert_factors_from_env
+    from slopilot.engine.slo import SLO_FILE_ENV, read_slo_file
+
+    env, _ = mounted(objects, "engine", tmp_path)
+    slo = read_slo_file(Path(env[SLO_FILE_ENV]))
+    m = EngineMetrics("m")
+    m.set_slo(slo)
+    m.export_slo_edges(slo, alert_factors_from_env(env))
+    for t in ttfts:
+        m.observe_ttft(Priority.P0, t)
+    return m.render().decode()
+
+
+def meter_pod_exposition(objects: list[dict[str, Any]], tmp_path: Path,
+                         ttfts: list[float]) -> str:
+    """The meter's /metrics in the vLLM pod the operator renders, as ``slopilot meter``
+    starts there (the SLO from its ``--slo-file``, the alert factors from the file its
+    environment names)."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from slopilot.engine.alert_factors import alert_factors_from_env
+    from slopilot.engine.slo import read_slo_file
+
+    env, command = mounted(objects, "meter", tmp_path)
+    slo = read_slo_file(Path(command[command.index("--slo-file") + 1]))
+    latency = ClientLatency(Priority.P0, slo, alert_factors_from_env(env))
+    for t in ttfts:
+        latency.first_token(t)
+    registry = CollectorRegistry()
+    registry.register(_Families(latency.families("m")))
+    return generate_latest(registry).decode()
+
+
+def retune_reads(binaries: PrometheusBinaries, tmp_path: Path,
+                 objects: list[dict[str, Any]], exposition: str, names: set[str], *,
+                 fires: bool) -> None:
+    """On ``exposition`` scraped for 10 minutes, the rules the operator renders record
+    P0's TTFT P99 over 1.096 s and fire its retune (``fires``), or read it at most 1.096
+    s and fire none; the warning (over 800 ms) fires either way."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tests.tuner.test_stall_alerts import ident, labels, run
+
+    series = []
+    for family in text_string_to_metric_families(exposition):
+        if family.name not in names:
+            continue
+        for s in family.samples:
+            own = {k: v for k, v in s.labels.items() if k != "instance"}
+            series.append({"series": s.name + labels(**own), "values": f"0+{s.value!r}x40"})
+    p0 = ident(priority_class="p0")
+    sel = ",".join(f'{k}="{v}"' for k, v in p0.items())
+    recorded = f"slopilot:ttft_seconds:p99{{{sel}}}"
+    expected = [{"exp_labels": {"severity": "warning", "action": "inform", **p0}}]
+    if fires:
+        expected.append({"exp_labels": {"severity": "critical", "action": "retune", **p0}})
+    run(binaries, tmp_path, [rendered_rules(objects, tmp_path)], series,
+        [{"eval_time": "9m", "alertname": "SlopilotTTFTP99High", "exp_alerts": expected}],
+        [{"expr": f"{recorded} {'<=' if fires else '>'} 1.096", "eval_time": "9m",
+          "exp_samples": []},
+         {"expr": f"absent({recorded})", "eval_time": "9m", "exp_samples": []}])
+
+
+@pytest.mark.prometheus
+def test_a_p99_just_over_an_alert_factors_threshold_fires_on_the_builtin_engine(
+        prometheus_binaries: PrometheusBinaries, tmp_path: Path) -> None:  # noqa: F811
+    # The retune's 1.096 s was no edge: the pods learned the SLO, not the factors, and
+    # the (1.0, 1.1] s bucket read judged put the P99 at 1.048 s: no retune, ever.
+    objects = operator_objects("llmdeployment-builtin.yaml", RETUNE_AT_137)
+    exposition = builtin_pod_exposition(objects, tmp_path, AT_1099)
+    retune_reads(prometheus_binaries, tmp_path, objects, exposition, ENGINE_NAMES,
+                 fires=True)
+
+
+@pytest.mark.prometheus
+def test_a_p99_just_over_an_alert_factors_threshold_fires_on_the_meter(
+        prometheus_binaries: PrometheusBinaries, tmp_path: Path) -> None:  # noqa: F811
+    objects = operator_objects("llmdeployment-vllm.yaml", RETUNE_AT_137)
+    exposition = meter_pod_exposition(objects, tmp_path, AT_1099)
+    retune_reads(prometheus_binaries, tmp_path, objects, exposition, METER_NAMES,
+                 fires=True)
+
+
+@pytest.mark.prometheus
+def test_a_pod_that_reads_no_alert_factors_is_read_judged_as_before(
+        prometheus_binaries: PrometheusBinaries, tmp_path: Path) -> None:  # noqa: F811
+    # An image from before the alerts file ignores its variable: its edges are the SLO's
+    # and twice it, 1.096 s none of them. It starts and serves as before, and the rules
+    # read the retune's threshold judged on it: no breach its buckets cannot prove.
+    from slopilot.engine.alert_factors import ALERTS_FILE_ENV
+
+    objects = operator_objects("llmdeployment-builtin.yaml", RETUNE_AT_137)
+    deployment = next(o for o in objects if o["kind"] == "Deployment")
+    for c in deployment["spec"]["template"]["spec"]["containers"]:
+        c["env"] = [e for e in c.get("env", []) if e["name"] != ALERTS_FILE_ENV]
+    exposition = builtin_pod_exposition(objects, tmp_path, AT_1099)
+    assert 'le="1.096"' not in exposition
+    retune_reads(prometheus_binaries, tmp_path, objects, exposition, ENGINE_NAMES,
+                 fires=False)
