@@ -230,16 +230,19 @@ def test_the_builtin_engines_objects_are_as_they_were_before_the_meter() -> None
         out = render_all(b, parse_spec(b), **kw)
         outs.append({"objects": out.objects(), "unsupported": list(out.unsupported_knobs)})
     text = json.dumps(outs, sort_keys=True)
-    # Last changed by the ServiceMonitor's scrape limits and its pod-backed relabelings
-    # (scrape_limits.py, service_monitor.pod_backed_relabelings), which roll no pod.
-    # Before them, 519354e3... (the NetworkPolicy's http rule naming its sources (the
-    # namespace, Prometheus), which rolls no pod). Before it, e6ade53a... (the PodDisruptionBudget,
+    # Last changed by the alert factors' file (the ConfigMap's alerts.json and the
+    # engine's $SLOPILOT_ALERTS_FILE, alert_factors.py: the template changed, so every
+    # built-in pod rolls once at that upgrade). Before it, 6366c088... (the
+    # ServiceMonitor's scrape limits and its pod-backed relabelings (scrape_limits.py,
+    # service_monitor.pod_backed_relabelings), which roll no pod). Before them,
+    # 519354e3... (the NetworkPolicy's http rule naming its sources (the namespace,
+    # Prometheus), which rolls no pod). Before it, e6ade53a... (the PodDisruptionBudget,
     # the pod template's soft spread over nodes, and the Deployment's rolling strategy
     # and progress deadline: the template changed, so every built-in pod rolled once at
     # that upgrade); before them, 42fc0472... (the ServiceMonitor's drops of not-ready
     # endpoints, which rolled no pod).
     assert hashlib.sha256(text.encode()).hexdigest() == (
-        "6366c0888ac51f314fa6711484ca81099a297e0086193e46ae2bd490408fa3b6")
+        "56de42a0dbde1107e738154e553f21d5158890eae0f65e8dbd2c9028704cebcc")
 
 
 def test_the_rendered_meter_command_is_one_the_image_s_cli_takes() -> None:
