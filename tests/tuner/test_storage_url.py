@@ -118,3 +118,17 @@ def test_a_long_password_inside_a_longer_word_is_left_alone() -> None:
     assert redacted("is the server running? servers: 2", url) == \
         "is the *** running? servers: 2"
     assert redacted("serverless", url) == "serverless"
+
+
+@pytest.mark.parametrize("password", ["ab'cd\"ef", "tab\there1", "back\\slash1", "quo\"te12"])
+def test_a_password_escaped_in_a_repr_or_json_is_hidden_too(password: str) -> None:
+    # A dict's repr and JSON escape a quote, a backslash or a tab: the escaped form
+    # printed in clear, and undoing the escapes gave the password back.
+    import json
+    url = f"postgresql://app:{quote(password, safe='')}@db/optuna"
+    for text in ("connect() got {}".format({"password": password, "host": "db"}),
+                 "options: " + json.dumps({"password": password})):
+        out = redacted(text, url)
+        assert "***" in out, out
+        for form in (password, repr(password)[1:-1], json.dumps(password)[1:-1]):
+            assert form not in out, out

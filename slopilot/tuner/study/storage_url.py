@@ -7,6 +7,7 @@ error through ``redacted``.
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import urllib.parse
@@ -77,8 +78,12 @@ def redacted(text: str, url: str) -> str:
     out = out.replace(url, shown(url))
     parsed = parse_storage_url(url)
     secrets = _secrets(parsed) if parsed is not None else []
+    # As given, URL-quoted, and escaped as a dict's repr or JSON writes it (a quote, a
+    # backslash, a tab): each of them gives the password back.
     forms = {form for secret in secrets for form in
-             (secret, urllib.parse.quote(secret, safe=""), urllib.parse.quote(secret))}
+             (secret, urllib.parse.quote(secret, safe=""), urllib.parse.quote(secret),
+              repr(secret)[1:-1], json.dumps(secret)[1:-1],
+              json.dumps(secret, ensure_ascii=False)[1:-1])}
     for form in sorted(forms, key=len, reverse=True):
         found = re.escape(form)
         out = re.sub(rf"(?<=:){found}(?=@)", "***", out)
