@@ -27,6 +27,7 @@ import shlex
 from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
+from decimal import Decimal
 from typing import Any, TypeAlias
 
 import numpy as np
@@ -147,7 +148,9 @@ def _csv_session_key(text: str) -> object:
     An integer is keyed exactly: keyed as a float, two 64-bit ids (a hash's, a
     snowflake's) were one session, one token stream. Leading zeros (``0042``) make an id
     text, not 42. ASCII digits only: ``float`` also takes ``1_0`` and other scripts'
-    digits; past a float (``1e400``) the text."""
+    digits; past a float (``1e400``) the text. A decimal no double gives back (17 digits
+    of an epoch's fraction, ``1e-400``) is keyed by its exact value (``_Exact``): a JSONL
+    number has lost what tells two such ids apart, a CSV's text has not."""
     if _ZERO_LED.match(text):
         return text
     if _WHOLE.fullmatch(text):
@@ -158,7 +161,21 @@ def _csv_session_key(text: str) -> object:
     if not _DECIMAL.fullmatch(text):
         return text
     number = float(text)
-    return _number_key(number) if math.isfinite(number) else text
+    if not math.isfinite(number):
+        return text
+    exact = Decimal(text)
+    # A double that gives the id back (1.5, 0.1) is keyed as JSON's; one that does not
+    # (17 digits of an epoch's fraction, 1e-400) by its exact value: as the double, two
+    # ids it cannot tell apart were one session, silently.
+    return _number_key(number) if Decimal(repr(number)) == exact else _Exact(exact)
+
+
+@dataclass(frozen=True, slots=True)
+class _Exact:
+    """A CSV's decimal session id that no double gives back, keyed by its exact value
+    (``1.2345678901234567891`` and ``1.23456789012345678910`` one session)."""
+
+    value: Decimal
 
 
 @dataclass(frozen=True, slots=True)

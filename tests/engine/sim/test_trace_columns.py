@@ -232,3 +232,18 @@ def test_a_jsonl_of_many_other_keys_names_some_and_holds_no_list(
     assert "m.jsonl: over 20 keys not read: 'k0' (first on line 1), " in said[0]
     assert "'k19' (first on line 20), and others; a JSONL trace reads" in said[0]
     assert "'k20'" not in said[0]
+
+
+@pytest.mark.parametrize(("first", "second"), [
+    ("1701388800.1234567", "1701388800.1234568"),  # an epoch with a fraction, 17 digits
+    ("1e-400", "0"),  # under a double's range: it read 0.0, the session of the id 0
+    ("0.10000000000000000001", "0.1")])
+def test_a_csvs_decimal_ids_a_double_cannot_tell_apart_stay_apart(
+        tmp_path: Path, first: str, second: str) -> None:
+    # Keyed as the double JSON reads them, two ids that differ past a double's 17
+    # significant digits were one session: two conversations replayed as one token
+    # stream, silently. A CSV holds the text: an id a double does not give back is keyed
+    # by its exact value (a JSONL number is a double already: write such ids as strings).
+    path = write(tmp_path, "s.csv", "arrival_time,prompt_tokens,output_tokens,session_id\n"
+                  f"0,100,5,{first}\n1,200,5,{second}\n2,300,5,{first}\n")
+    assert [r.session_id for r in read_trace(path)] == [0, 1, 0]
