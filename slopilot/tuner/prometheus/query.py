@@ -81,9 +81,11 @@ def query_at(url: str, timeout_s: float = 5.0, *, verify: TLSVerify = VERIFIED,
     return run
 
 
-# A PromQL info annotation (Prometheus 2.46 and later; in its own ``infos`` list from 3.0,
-# among the warnings before) is a hint about the query's series, not missing data.
-_INFO = "PromQL info:"
+# A PromQL annotation ("PromQL info: ..." or "PromQL warning: ...", Prometheus 2.46 and
+# later; infos in their own list from 2.50) is about how the query read the series it
+# had (a bucket set fixed for monotonicity, a name that may not be a counter), not data
+# missing: held on it, the loop could wait forever on a rule that reads fine.
+_ANNOTATION = "PromQL "
 _NOTED_MAX = 64
 PARTIAL_FIX = ("ask for no partial answers (Thanos: --query.partial-response=false on "
                "the querier; the tuner's queries ask with partial_response=false)")
@@ -96,14 +98,14 @@ def _refuse_partial(answer: dict[str, Any], base: str, expr: str, noted: set[str
     they could read and a warning; read as whole, no alert fired where a store held it
     and a trial's window summed part of its replicas. The warnings' text is the server's
     (a tenant's, where it points the URL), so the message counts them and quotes none:
-    it reaches the CR's status. Info annotations are logged once each."""
+    it reaches the CR's status. PromQL's own annotations are logged once each."""
     warnings = answer.get("warnings")
     texts = [w for w in warnings if isinstance(w, str)] if isinstance(warnings, list) else []
-    missing = [w for w in texts if not w.startswith(_INFO)]
+    missing = [w for w in texts if not w.startswith(_ANNOTATION)]
     if not missing and warnings not in (None, []) and len(texts) != len(warnings):
         missing = [""]  # a warning that is no string still says something went wrong
     for info in texts:
-        if info.startswith(_INFO) and info not in noted and len(noted) < _NOTED_MAX:
+        if info.startswith(_ANNOTATION) and info not in noted and len(noted) < _NOTED_MAX:
             noted.add(info)
             log.info("Prometheus at %s on %r: %s", base, expr, info[:300])
     if missing:
