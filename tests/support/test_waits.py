@@ -178,3 +178,32 @@ def test_a_bad_guard_is_refused_with_the_variable_the_value_and_the_fix(raw: str
     assert HANG_GUARD_ENV in message
     assert repr(raw) in message
     assert "positive number of seconds" in message and "unset it" in message
+
+
+def test_progress_rearms_the_guard_so_only_a_stalled_phase_fails(fake: FakeTime) -> None:
+    # A loop that takes 25 s (past the 10 s guard) to get there, but shows a new step
+    # every 6 s: each step re-arms the guard, so the wait is not cut short.
+    def step() -> int:
+        return int((fake.now - 1000.0) // 6)
+
+    assert wait_for(lambda: fake.now - 1000.0 >= 25, "a progressing loop", interval_s=1.0,
+                    progress=step, clock=fake.clock, sleep=fake.sleep) is True
+
+
+def test_a_stall_after_progress_fails_one_guard_after_the_last_step(fake: FakeTime) -> None:
+    # Steps until 12 s, then nothing: the guard runs from the last step seen.
+    def step() -> int:
+        return min(int((fake.now - 1000.0) // 6), 2)
+
+    with pytest.raises(WaitHung,
+                       match=r"a stalled loop; progress last seen 10.0 s ago, at 2 after"):
+        wait_for(lambda: False, "a stalled loop", interval_s=1.0, progress=step,
+                 clock=fake.clock, sleep=fake.sleep)
+    assert fake.now - 1000.0 == 12 + 10  # the last step at 12 s, then one guard
+
+
+def test_a_progress_value_that_never_changes_is_the_plain_guard(fake: FakeTime) -> None:
+    with pytest.raises(WaitHung):
+        wait_for(lambda: False, "no progress", interval_s=1.0, progress=lambda: 0,
+                 clock=fake.clock, sleep=fake.sleep)
+    assert fake.now - 1000.0 == 10

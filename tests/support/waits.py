@@ -5,6 +5,12 @@ a busy 2-core CI box it runs out while the code under test is still making progr
 no wait here has one. The only bound is a hang guard, one value for the whole suite,
 there to turn a real hang into a failure that says what was awaited (and, through
 ``diagnose``, what the process was doing) before pytest-timeout's bare 300 s kill.
+
+A wait over a loop of many steps (a controller's trials, each its own window) passes
+``progress``: a value that changes whenever the loop takes a step. Each change re-arms
+the guard, so a slow machine's long but moving episode is not cut short, and only a
+phase that stalls for a whole guard fails. Such a test's own pytest timeout must cover
+its steps (``progress_timeout_s``).
 """
 
 from __future__ import annotations
@@ -50,14 +56,16 @@ HANG_GUARD_S = hang_guard_s()
 @overload
 def wait_for(condition: Callable[[], bool], what: str, *, interval_s: float = ...,
              tolerate: tuple[type[BaseException], ...] = ...,
-             diagnose: Callable[[], str] | None = ..., clock: Callable[[], float] = ...,
+             diagnose: Callable[[], str] | None = ...,
+             progress: Callable[[], object] | None = ..., clock: Callable[[], float] = ...,
              sleep: Callable[[float], None] = ...) -> bool: ...
 
 
 @overload
 def wait_for(condition: Callable[[], T | bool | None], what: str, *, interval_s: float = ...,
              tolerate: tuple[type[BaseException], ...] = ...,
-             diagnose: Callable[[], str] | None = ..., clock: Callable[[], float] = ...,
+             diagnose: Callable[[], str] | None = ...,
+             progress: Callable[[], object] | None = ..., clock: Callable[[], float] = ...,
              sleep: Callable[[float], None] = ...) -> T: ...
 
 
@@ -65,6 +73,7 @@ def wait_for(condition: Callable[[], object], what: str, *,
              interval_s: float = 0.05,
              tolerate: tuple[type[BaseException], ...] = (),
              diagnose: Callable[[], str] | None = None,
+             progress: Callable[[], object] | None = None,
              clock: Callable[[], float] = time.monotonic,
              sleep: Callable[[float], None] = time.sleep) -> object:
     """Poll ``condition()`` until it returns something truthy, and return that.
@@ -72,10 +81,12 @@ def wait_for(condition: Callable[[], object], what: str, *,
     An exception of a ``tolerate`` type counts as "not yet" (a read that timed out on a
     busy machine); any other propagates at once. Past ``HANG_GUARD_S`` it raises
     ``WaitHung`` naming ``what``, the polls made, the slowest one, the last tolerated
-    error and whatever ``diagnose()`` returns.
+    error and whatever ``diagnose()`` returns. With ``progress``, the guard runs from the
+    last poll at which ``progress()`` returned a new value, not from the first poll.
     """
     start = clock()
     polls, slowest, error = 0, 0.0, ""
+    seen = progress() if progress is not None else None
     while True:
         t0 = clock()
         try:
@@ -85,8 +96,12 @@ def wait_for(condition: Callable[[], object], what: str, *,
         polls, slowest = polls + 1, max(slowest, clock() - t0)
         if result:
             return result
+        if progress is not None and (now := progress()) != seen:
+            seen, start = now, clock()  # a step taken: the guard runs from here
         if clock() - start >= HANG_GUARD_S:
-            raise WaitHung(_message(what, polls, slowest, error, diagnose))
+            stalled = "" if progress is None else (
+                f"; progress last seen {clock() - start:.1f} s ago, at {seen!r}")
+            raise WaitHung(_message(what + stalled, polls, slowest, error, diagnose))
         sleep(interval_s)
 
 
@@ -101,3 +116,11 @@ def _message(what: str, polls: int, slowest: float, error: str,
         except Exception as exc:  # the wait's own failure must not be lost to this one
             lines.append(f"diagnose() failed: {type(exc).__name__}: {exc}")
     return "\n".join(lines)
+
+
+def progress_timeout_s(steps: int, *, step_guard_s: float | None = None) -> float:
+    """A pytest timeout for a test whose waits re-arm on progress: a guard per step,
+    ``steps`` the most the test can take (its waits plus the loop's bounded steps), and
+    one guard of slack for setup and teardown."""
+    guard = HANG_GUARD_S if step_guard_s is None else step_guard_s
+    return guard * (steps + 1)
