@@ -42,6 +42,7 @@ class LoadGenerator:
         self.interval = 1.0 / rate
         self.stop_event = threading.Event()
         self.sent = 0
+        self.sent_at: list[float] = []  # wall-clock times, to compare with Prometheus'
         self._pool = ThreadPoolExecutor(max_workers=16)
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -63,7 +64,12 @@ class LoadGenerator:
         while not self.stop_event.wait(
                 max(0.0, start + (self.sent + 1) * self.interval - time.monotonic())):
             self._pool.submit(self._post, classes[self.sent % len(classes)])
+            self.sent_at.append(time.time())
             self.sent += 1
+
+    def sent_between(self, start: float, end: float) -> int:
+        """How many requests were sent in ``[start, end]`` (wall-clock seconds)."""
+        return sum(start <= t <= end for t in list(self.sent_at))
 
     def start(self) -> LoadGenerator:
         self._thread.start()
