@@ -81,7 +81,8 @@ def build(kube: Kube, handle: KubeDeploymentHandle, body: Mapping[str, Any],
     ran_on = rebase_episode(state, body)
     named = policy.named_storage(spec.tuning.storage, meta["namespace"])
     # Its trial's number was asked in the old storage's study: not resumed in the new one.
-    end_on_storage_switch(state, body, named)
+    # One edit that switched the backend too: its trial is failed in the old storage.
+    ran_on = end_on_storage_switch(state, body, named, ran_on)
     try:  # before the study is opened: every study the operator makes is on record
         record(kube, policy.operator_namespace, meta["namespace"], named)
     except Exception as exc:  # an API error or a dropped connection: built at a next step

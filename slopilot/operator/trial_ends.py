@@ -21,7 +21,9 @@ operator rather than from the loop's steps:
   old storage's study, and resumed in the new one it was no trial of that study (a
   controller error, a rollback and a whole cooldown). The episode ends as a backend
   switch ends it (``storage_switched``, to STEADY, no cooldown); the next alert starts
-  one in the new storage.
+  one in the new storage. One edit that switches the backend (or model) too has
+  ended the episode already (``rebase_episode``): the trial it hands on is kept for the
+  old storage's study the same way, not told failed in the new one.
 
 Either way the trial is kept in ``LoopState.ended_trial`` (its storage, as the CR named
 it, its study, number, config and target) and told failed in its own study by the next
@@ -34,9 +36,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from slopilot.operator.daemon import study_name
+from slopilot.operator.engine_switch import RanOn
 from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.study_cleanup import recorded_storages
 from slopilot.operator.study_storage import StorageRefused, resolve_storage
@@ -90,13 +94,29 @@ def end_unbuilt(saved: Any, why: str, storage: str | None, now: float) -> LoopSt
     return state
 
 
-def end_on_storage_switch(state: LoopState, body: Mapping[str, Any], named: str) -> None:
+def end_on_storage_switch(state: LoopState, body: Mapping[str, Any], named: str,
+                          ran_on: RanOn | None = None) -> RanOn | None:
     """End ``state``'s episode where the study's storage is no longer the one it ran in
     (``named``, the storage the CR names now, against ``trial_storage``): its trial is
-    kept in ``ended_trial`` for the old storage's study (module docstring)."""
+    kept in ``ended_trial`` for the old storage's study (module docstring).
+
+    ``ran_on`` is ``rebase_episode``'s answer: where one edit switched the backend (or
+    model) too, that switch has ended the episode already, and the trial it hands on
+    is the old storage's. It goes to ``ended_trial`` with that storage, and the answer
+    returned no longer carries it: told failed by the study's open, it was looked for
+    in the new storage, where it never was, and stayed RUNNING in its own."""
     then = trial_storage(body.get("status"))
-    if then is None or then == named or not (state.trial is not None or state.episode_open):
-        return
+    if then is None or then == named:
+        return ran_on
+    if ran_on is not None and ran_on.trial is not None:
+        left = ran_on.trial
+        state.ended_trial = EndedTrial(
+            left.number, ran_on.reason, storage=then, study=left.study,
+            config=None if left.config is None else dict(left.config),
+            target=ran_on.target.key)
+        return replace(ran_on, trial=None)
+    if not (state.trial is not None or state.episode_open):
+        return ran_on
     check(state.state, ControllerState.STEADY, Event.STORAGE_SWITCHED)
     reason = (f"{Event.STORAGE_SWITCHED.value}: {shown(then)} -> {shown(named)}; the "
               "episode's trials were the other storage's study's")
@@ -109,6 +129,7 @@ def end_on_storage_switch(state: LoopState, body: Mapping[str, Any], named: str)
     meta = body.get("metadata") or {}
     log.warning("%s/%s: the loop goes to steady: %s", meta.get("namespace"), meta.get("name"),
                 reason)
+    return ran_on
 
 
 def fail_ended(state: LoopState, body: Mapping[str, Any], policy: OperatorPolicy,

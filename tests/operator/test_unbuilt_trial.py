@@ -194,3 +194,29 @@ def test_a_storage_switch_mid_trial_ends_the_episode_without_a_cooldown(
         assert running(pod)["max_num_seqs"] == saved["trial"]["config"]["max_num_seqs"]
     assert [t.state for t in _trials(body, new)] == [TrialState.RUNNING]
 
+
+
+def test_a_backend_and_storage_switch_in_one_edit_fails_the_trial_in_the_old_storage(
+        kube: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The engine switch ends the episode first, so the storage switch finds nothing to
+    end: the trial it hands on was told failed in the new storage, where it never was,
+    and stayed RUNNING in the old one."""
+    body, policy, pod = tuning_cr(kube, cluster, prom, tmp_path)
+    old, new = policy.allowed_storage[0], f"sqlite:///{tmp_path / 'other.db'}"
+    policy = OperatorPolicy(allowed_storage=(old, new))
+    now = [1_000_000.0]
+    with serving(pod):
+        add_pod(cluster, "chat", 0, pod.port)
+        loop = daemon_loop(cluster, body, monkeypatch, factory=_as_operator, policy=policy)
+        loop.clock = lambda: now[0]
+        before = spec_config(cluster)
+        assert loop.step()
+        _trial_on_pod(cluster, pod, before)
+        cluster.patch("chat", {"spec": {"backend": "vllm", "tuning": {"storage": new}}})
+        now[0] += 60.0
+        assert loop.step()
+    failed = _trials(body, old)[0]
+    assert failed.state is TrialState.FAIL
+    assert failed.user_attrs["fail_reason"].startswith("engine_switched")
+    assert cluster.status()["controller"].get("ended_trial") is None
