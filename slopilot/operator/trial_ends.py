@@ -142,6 +142,14 @@ def fail_ended(state: LoopState, body: Mapping[str, Any], policy: OperatorPolicy
         return
     meta = body["metadata"]
     key = f"{meta['namespace']}/{meta['name']}"
+    if _is_running(state, ended):
+        # Every end clears the trial it keeps here: both on record is no state the
+        # operator wrote (a hand-made or forged status). Failed, the trial the loop
+        # goes on measuring was committed afterwards against its study's record.
+        log.warning("%s: status.controller.ended_trial names trial %d, the trial still "
+                    "running on record: ignored, the trial goes on (%s)", key,
+                    ended.number, ended.reason)
+        return
     storage = ended.storage if ended.storage is not None else named
     target = StudyTarget.from_key(ended.target) if ended.target is not None \
         else target_of(body)
@@ -158,3 +166,11 @@ def fail_ended(state: LoopState, body: Mapping[str, Any], policy: OperatorPolicy
     if failed is not None:
         log.info("%s: trial %d told failed in study %s: %s", key, ended.number, failed,
                  ended.reason)
+
+
+def _is_running(state: LoopState, ended: EndedTrial) -> bool:
+    """Whether ``ended`` may be the trial ``state`` still runs (same number, and the same
+    study where both name one)."""
+    t = state.trial
+    return t is not None and t.number == ended.number and (
+        t.study is None or ended.study is None or t.study == ended.study)

@@ -22,6 +22,7 @@ import optuna
 import pytest
 from optuna.trial import FrozenTrial, TrialState
 
+from slopilot.operator.crd import GROUP, PLURAL, VERSION
 from slopilot.operator.daemon import DaemonContext
 from slopilot.operator.policy import OperatorPolicy
 from slopilot.tuner.loop.controller import Controller
@@ -220,3 +221,31 @@ def test_a_backend_and_storage_switch_in_one_edit_fails_the_trial_in_the_old_sto
     assert failed.state is TrialState.FAIL
     assert failed.user_attrs["fail_reason"].startswith("engine_switched")
     assert cluster.status()["controller"].get("ended_trial") is None
+
+
+def test_an_ended_trial_on_record_naming_the_running_trial_is_not_told_failed(
+        kube: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """``status.controller.ended_trial`` is writable by whoever may patch the status: one
+    naming the trial still on record failed it in its study, and the controller then
+    committed that same trial (the study and the committed config disagreed)."""
+    body, policy, pod = tuning_cr(kube, cluster, prom, tmp_path)
+    storage = policy.allowed_storage[0]
+    now = [1_000_000.0]
+    with serving(pod):
+        add_pod(cluster, "chat", 0, pod.port)
+        first = daemon_loop(cluster, body, monkeypatch, factory=_as_operator, policy=policy)
+        assert first.step()
+        trial = cluster.status()["controller"]["trial"]
+        first.close()
+        cluster.custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, NS, PLURAL, "chat", {"status": {"controller": {"ended_trial": {
+                "number": trial["number"], "reason": "forged", "study": trial["study"]}}}})
+        second = daemon_loop(cluster, body, monkeypatch, factory=_as_operator, policy=policy)
+        second.clock = lambda: now[0]
+        assert second.step()
+        assert cluster.status()["controller"].get("ended_trial") is None
+        now[0] += 2 * HOUR_S
+        assert second.step()
+        assert cluster.status()["controller"]["reason"].startswith("commit: trial 0")
+    assert _trials(body, storage)[0].state is TrialState.COMPLETE
