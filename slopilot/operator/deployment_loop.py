@@ -59,6 +59,7 @@ from slopilot.operator.controller_build import build
 from slopilot.operator.crd import API_VERSION, PLURAL
 from slopilot.operator.daemon import ControllerFactory, operator_metrics
 from slopilot.operator.decision_events import post_decision
+from slopilot.operator.knobs import tuned_on
 from slopilot.operator.kube_handle import KubeDeploymentHandle
 from slopilot.operator.kubeapi import Kube
 from slopilot.operator.loop_status import on_record, rebase_episode, status_after
@@ -75,12 +76,14 @@ from slopilot.operator.status_writer import write_status
 from slopilot.operator.study_cleanup import delete_studies
 from slopilot.operator.tokens import TokenMint
 from slopilot.operator.trial_ends import end_unbuilt, trial_storage
+from slopilot.operator.tuned_base import target_of
 from slopilot.operator.tuned_status import NotHeld
 from slopilot.operator.twin_status import TwinTracker
 from slopilot.tuner.loop.controller import Controller
 from slopilot.tuner.loop.decision import Decision
 from slopilot.tuner.loop.errors import ControllerError
 from slopilot.tuner.loop.state import ControllerState, LoopState, RunningTrial
+from slopilot.tuner.study.study_target import StudyTarget
 
 log = logging.getLogger(__name__)
 Clock = Callable[[], float]
@@ -197,12 +200,12 @@ class DeploymentLoop:
         saved = (body.get("status") or {}).get("controller")
         ended = end_unbuilt(saved, why, trial_storage(body.get("status")), self.clock())
         if ended is None:
-            self._write_condition(why, generation)
+            # A trial this build's failure ended at an earlier step is still said: the
+            # condition is rewritten each step, and the spec's error alone hid it.
+            self._write_condition(_with_ended(why, saved), generation)
             return body
         assert ended.ended_trial is not None
-        message = (f"{why}; trial {ended.ended_trial.number} ended: its config is taken "
-                   "off the pods, and it is told failed in its study once a controller "
-                   "is built")
+        message = _with_ended(why, ended.to_dict())
         mine, basis = ended.to_dict(), on_record(saved)
 
         def build_status(fresh: dict[str, Any]) -> dict[str, Any] | None:
@@ -285,7 +288,8 @@ class DeploymentLoop:
             return
         self.synced_at, self.synced_for = now, generation
         try:
-            sent = self.handle.take_back({**(state.baseline_config or {}), **target})
+            sent = self.handle.take_back({**(state.baseline_config or {}), **target},
+                                         _ran_on(state, body).backend)
         except Exception as exc:  # tried again when due; the restore stays owed
             log.warning("%s: the episode's config was not put back on the pods under a "
                         "refused spec: %s: %s", self.key, type(exc).__name__, exc)
@@ -577,6 +581,26 @@ class DeploymentLoop:
                 if self._ours(fresh) else None)
         except Exception:
             log.exception("%s: could not record the ended episode in status", self.key)
+
+
+def _with_ended(why: str, saved: Any) -> str:
+    """``why`` no controller runs, with the trial ``saved`` (a loop state's dict) keeps
+    as ended and not yet told failed, if any."""
+    ended = saved.get("ended_trial") if isinstance(saved, Mapping) else None
+    number = ended.get("number") if isinstance(ended, Mapping) else None
+    if not isinstance(number, int):
+        return why
+    return (f"{why}; trial {number} ended: its config is taken off the pods, and it is "
+            "told failed in its study once a controller is built")
+
+
+def _ran_on(state: LoopState, body: Mapping[str, Any]) -> StudyTarget:
+    """The backend and model the pods run as the operator last accepted the spec: the
+    loop state's stamp, else ``status.tunedConfig``'s, else (a status older than both)
+    the spec's."""
+    if state.target is not None:
+        return StudyTarget.from_key(state.target)
+    return tuned_on(body) or target_of(body)
 
 
 _CR = (API_VERSION, PLURAL)

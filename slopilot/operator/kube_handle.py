@@ -63,7 +63,6 @@ from slopilot.operator.rollout_status import rollout_of
 from slopilot.operator.scale_stamp import ScaleStamp, read_stamp, record_digest
 from slopilot.operator.spec import MAX_REPLICAS, Backend, LLMDeploymentSpec, parse_spec
 from slopilot.operator.tokens import TokenMint
-from slopilot.operator.tuned_base import target_of
 from slopilot.operator.tuned_status import Holds, NotHeld, TunedStatus
 from slopilot.tuner.loop.ports import Pending, Replicas, Rollout, Settled
 from slopilot.tuner.prometheus.bounded import StartTimer, thread_timer
@@ -395,18 +394,20 @@ class KubeDeploymentHandle:
         return self.syncer.sync(body, spec, self._own_pods(body), self.mint.for_body(body),
                                 trial=trial, trial_on=trial_on)
 
-    def take_back(self, config: Mapping[str, Any]) -> list[str]:
+    def take_back(self, config: Mapping[str, Any], backend: str) -> list[str]:
         """Every ready pod that runs other knobs sent ``config``, a whole engine config
         from the operator's own record (an episode's, kept under a spec it accepted),
         where the spec is refused now: a trial's config the operator put on the pods is
         taken off them, and nothing of the refused spec is sent, nor recorded
         (``status.tunedConfig`` is put right by the first sync of a spec it accepts).
-        The pods sent it; none for vLLM, whose knobs are arguments no pod takes.
-        ApplyError naming each pod that did not take it; ConfigError for a config the
-        engine refuses."""
-        body = self.body()
-        if target_of(body).backend != Backend.BUILTIN.value:
+        ``backend`` is the one the pods run, from that same record: the refused spec's
+        is not read (one naming vLLM while the reconcile, refusing it, left the built-in
+        pods as they were, said there was nothing to take back). The pods sent it; none
+        for vLLM, whose knobs are arguments no pod takes. ApplyError naming each pod
+        that did not take it; ConfigError for a config the engine refuses."""
+        if backend != Backend.BUILTIN.value:
             return []
+        body = self.body()
         engine = EngineConfig().with_overrides(config)
         want, token = engine.to_dict(), self.mint.for_body(body)
         # The refused spec's replica bound is not read: the most any spec may ask.

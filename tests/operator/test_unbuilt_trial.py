@@ -249,3 +249,30 @@ def test_an_ended_trial_on_record_naming_the_running_trial_is_not_told_failed(
         assert second.step()
         assert cluster.status()["controller"]["reason"].startswith("commit: trial 0")
     assert _trials(body, storage)[0].state is TrialState.COMPLETE
+
+
+def test_a_refused_edit_that_also_switches_the_backend_takes_the_trial_off_the_pods(
+        kube: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The refused spec names vLLM, and the reconcile applies nothing of it: the pods
+    still run the built-in engine, the trial's config among them. Read from the refused
+    spec, the backend said there was nothing to take back, while the status said the
+    trial's config was taken off the pods."""
+    body, policy, pod = tuning_cr(kube, cluster, prom, tmp_path)
+    now = [1_000_000.0]
+    with serving(pod):
+        add_pod(cluster, "chat", 0, pod.port)
+        loop = daemon_loop(cluster, body, monkeypatch, factory=_as_operator, policy=policy)
+        loop.clock = lambda: now[0]
+        before = spec_config(cluster)
+        assert loop.step()
+        value = _trial_on_pod(cluster, pod, before)["config"]["max_num_seqs"]
+        cluster.patch("chat", {"spec": {"backend": "vllm", "tuning": {"bounds": {
+            "maxNumSeqs": {"min": value - 20, "max": value + 20}}}}})
+        for _ in range(3):  # later steps rewrite the condition: the trial's end stays said
+            now[0] += 600.0
+            assert loop.step()
+            assert loop.controller is None
+            assert running(pod)["max_num_seqs"] == before["max_num_seqs"]
+            message = _tuning_condition(cluster)["message"]
+            assert "maxNumSeqs" in message and "trial 0 ended" in message
