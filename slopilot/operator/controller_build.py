@@ -25,7 +25,7 @@ from slopilot.operator.policy import OperatorPolicy, policy_problems
 from slopilot.operator.reconcile import not_reconciled
 from slopilot.operator.spec import parse_spec
 from slopilot.operator.study_ledger import record, shard_name
-from slopilot.operator.trial_ends import end_on_storage_switch, fail_ended
+from slopilot.operator.trial_ends import end_on_storage_switch, end_told, fail_ended
 from slopilot.operator.twin_profile import TwinChoice
 from slopilot.tuner.loop.controller import Controller
 from slopilot.tuner.loop.errors import ControllerError
@@ -83,6 +83,8 @@ def build(kube: Kube, handle: KubeDeploymentHandle, body: Mapping[str, Any],
     # Its trial's number was asked in the old storage's study: not resumed in the new one.
     # One edit that switched the backend too: its trial is failed in the old storage.
     ran_on = end_on_storage_switch(state, body, named, ran_on)
+    # A trial a loop ended with no status write to say so: not resumed.
+    end_told(state, body, policy, named)
     try:  # before the study is opened: every study the operator makes is on record
         record(kube, policy.operator_namespace, meta["namespace"], named)
     except Exception as exc:  # an API error or a dropped connection: built at a next step

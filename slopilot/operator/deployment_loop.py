@@ -18,7 +18,13 @@ deployment's measured P99s and SLO attainment go to ``status`` too (slo_status.p
   the next step writes that same state again before it ticks; a daemon never asks a
   second trial because its first was not recorded. The daemon keeps this loop across
   steps the API server fails (tuning_daemon.py), and at an end that leaves the trial to
-  be resumed writes it once more (``flush``).
+  be resumed writes it once more (``flush``). A status that takes no write at all (an
+  admission webhook on ``llmdeployments/status`` failing every PATCH) is said on the CR
+  (a warning, which kopf posts as an event) and counted
+  (``slopilot_status_write_failures_total``); after ``STATUS_GIVE_UP_S`` of failed
+  writes the trial on the pods is ended, told failed in its study (``status_unwritable``)
+  and the episode's config sent back to the pods, and a restarted operator that finds
+  it still on record does not resume it (``trial_ends.end_told``).
 - One writer of the loop's state: each write of ``status.controller`` is made only over
   the state this daemon built its controller from or last wrote there. Another found
   there is another writer's (a second operator replica's daemon, before the peering
@@ -75,7 +81,7 @@ from slopilot.operator.spec import SpecError, parse_spec
 from slopilot.operator.status_writer import write_status
 from slopilot.operator.study_cleanup import delete_studies
 from slopilot.operator.tokens import TokenMint
-from slopilot.operator.trial_ends import end_unbuilt, trial_storage
+from slopilot.operator.trial_ends import UNWRITTEN, end_unbuilt, trial_storage
 from slopilot.operator.tuned_base import target_of
 from slopilot.operator.tuned_status import NotHeld
 from slopilot.operator.twin_status import TwinTracker
@@ -92,6 +98,13 @@ CONFIG_SYNC_S = 60.0
 """How often the pods' configs are checked against the spec between builds: a pod that
 read an older ConfigMap (it started before an edit and became ready after its sync) runs
 the old config at most this long."""
+
+STATUS_GIVE_UP_S = 300.0
+"""How long the loop's status writes may fail in a row (an admission webhook on
+``llmdeployments/status`` that fails every PATCH, an etcd that refuses writes) before it
+ends the trial on the pods: until a decision is on record the loop neither ticks nor
+syncs the pods, so that trial served unwatched, never judged nor rolled back, for as long
+as the writes failed. Five minutes rides out an API server's restart."""
 
 
 class DeploymentLoop:
@@ -121,6 +134,9 @@ class DeploymentLoop:
         self.unwritten: Decision | None = None
         """A decision whose status write failed: written again before the next tick."""
         self.unwritten_time = ""
+        self.unwritten_since: float | None = None
+        """When the status writes began to fail in a row (``STATUS_GIVE_UP_S``)."""
+        self.unwritten_error = ""
         self.figures: WindowFigures | None = None
         self.scrapes: ScrapeCheck | None = None
         self.twin = TwinTracker(kube, namespace, name, clock)
@@ -156,7 +172,8 @@ class DeploymentLoop:
             return False
         assert body is not None
         if self.unwritten is not None:  # no new tick before the last one is on record
-            self._write(self.unwritten, self.unwritten_time)
+            if not self._write(self.unwritten, self.unwritten_time):
+                self._end_unrecorded_trial()
             return True
         generation = body["metadata"].get("generation")
         saved = (body.get("status") or {}).get("controller")
@@ -358,8 +375,13 @@ class DeploymentLoop:
             log.warning("%s: status write failed (%s: %s); the controller keeps its state "
                         "and writes it again before its next tick", self.key,
                         type(exc).__name__, exc)
+            self._unrecorded(exc)
             return False
         self.unwritten = None
+        if self.unwritten_since is not None:
+            self.logger.info("the status is written again after %.0f s of failed writes",
+                             self.clock() - self.unwritten_since)
+            self.unwritten_since = None
         if found:
             self._overtaken(found[0], "another writer replaced status.controller during "
                             f"the tick ({decision.action.value}: {decision.reason})")
@@ -368,6 +390,50 @@ class DeploymentLoop:
         if written is not None:
             post_decision(written, decision)
         return True
+
+    def _unrecorded(self, exc: Exception) -> None:
+        """A status write failed: counted, and said on the CR (kopf posts the CR's
+        logger's warnings as events, another API than the status, which may still take
+        them) at the first failure of a run."""
+        operator_metrics(self.namespace).status_write_failed(self.name)
+        self.unwritten_error = f"{type(exc).__name__}: {exc}"
+        if self.unwritten_since is not None:
+            return
+        self.unwritten_since = self.clock()
+        self.logger.warning(
+            "the status write failed (%s); the loop holds its decision and does not tick "
+            "until it is on record, and a trial on the pods is ended after %g s of failed "
+            "writes", self.unwritten_error, STATUS_GIVE_UP_S)
+
+    def _end_unrecorded_trial(self) -> None:
+        """Status writes have failed for ``STATUS_GIVE_UP_S``: the trial on the pods is
+        ended as tuning turned off ends it (``Controller.stop``: told failed in its study,
+        the loop to STEADY), and the episode's config put back on every pod. The state
+        held for the write says so once the status takes it; a restarted operator that
+        finds the trial still on record finds it failed in its study, and ends it there
+        (``trial_ends.end_told``)."""
+        controller, since = self.controller, self.unwritten_since
+        if controller is None or since is None:
+            return
+        loop, now = controller.loop, self.clock()
+        trial = loop.trial
+        if trial is None or now - since < STATUS_GIVE_UP_S:
+            return
+        reason = (f"{UNWRITTEN}: trial {trial.number} ended: the status took no write for "
+                  f"{now - since:.0f} s ({self.unwritten_error}); its config was taken "
+                  "off the pods")
+        target = loop.rollback_config()
+        whole = None if target is None else {**(loop.baseline_config or {}), **target}
+        controller.stop(now, reason)
+        if whole is not None:
+            # Sent, not recorded: apply_config records status.tunedConfig first, which
+            # the status refuses as it refuses the loop's writes.
+            try:
+                self.handle.take_back(whole, _ran_on(loop, self.handle.body()).backend)
+            except Exception:  # the sync puts the pods right once the status is written
+                log.exception("%s: could not put the episode's config back after trial %d",
+                              self.key, trial.number)
+        self.logger.warning("%s", reason)
 
     def _overtaken(self, theirs: Any, why: str) -> None:
         """Another writer's state ``theirs`` is on record (another operator replica's

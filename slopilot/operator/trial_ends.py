@@ -25,6 +25,11 @@ operator rather than from the loop's steps:
   ended the episode already (``rebase_episode``): the trial it hands on is kept for the
   old storage's study the same way, not told failed in the new one.
 
+- The loop's status took no write for ``STATUS_GIVE_UP_S`` (deployment_loop.py): the
+  loop itself ended its trial (told failed, ``UNWRITTEN``) and put the episode's config
+  back, with no status to say so. A build that finds that trial still on record ends it
+  in the loop state (``end_told``), as ``end_unbuilt`` does, and does not resume it.
+
 Either way the trial is kept in ``LoopState.ended_trial`` (its storage, as the CR named
 it, its study, number, config and target) and told failed in its own study by the next
 build (``fail_ended``), the end its ``fail_reason``; a storage the policy no longer
@@ -50,13 +55,17 @@ from slopilot.tuner.loop.state import ControllerState, EndedTrial, LoopState, Pe
 from slopilot.tuner.loop.transitions import Event, check
 from slopilot.tuner.study.storage import StudyStorageError
 from slopilot.tuner.study.storage_url import shown
-from slopilot.tuner.study.study_family import LeftTrial, fail_left_trial
+from slopilot.tuner.study.study_family import LeftTrial, fail_left_trial, told_failed
 from slopilot.tuner.study.study_target import StudyTarget
 
 log = logging.getLogger(__name__)
 
 UNBUILT = "no_controller"
 """How an ended trial's ``fail_reason`` begins where no controller could be built."""
+
+UNWRITTEN = "status_unwritable"
+"""How the reason of a trial begins that a loop ended because its status took no write
+(``DeploymentLoop._end_unrecorded_trial``), its ``fail_reason`` too."""
 
 
 def trial_storage(status: Mapping[str, Any] | None) -> str | None:
@@ -87,8 +96,10 @@ def end_unbuilt(saved: Any, why: str, storage: str | None, now: float) -> LoopSt
     state.trial = None
     state.episode_trials += 1  # a failed trial of its episode, as any other
     if state.pending_restore is None:
+        # On the loop's clock, which the build has none of: owed since the trial began
+        # (its end is not on record), tried at once.
         state.pending_restore = PendingRestore(
-            since=now, attempts=0, retry_at=now, trial=t.number,
+            since=t.started_at, attempts=0, retry_at=t.started_at, trial=t.number,
             error=f"trial {t.number} ended with no controller to watch it")
     state.reason = f"{UNBUILT}: trial {t.number} ended, its config taken off the pods"
     return state
@@ -174,3 +185,37 @@ def _is_running(state: LoopState, ended: EndedTrial) -> bool:
     t = state.trial
     return t is not None and t.number == ended.number and (
         t.study is None or ended.study is None or t.study == ended.study)
+
+
+def end_told(state: LoopState, body: Mapping[str, Any], policy: OperatorPolicy,
+             named: str) -> None:
+    """End ``state``'s trial where its study has told it failed already: a loop whose
+    status took no write ended it (``UNWRITTEN``) and put the episode's config back on
+    the pods, and the status it could not write still has it running. Resumed, its
+    config went back on its pod and its window, which had measured the episode's config
+    since, was judged (and committed over its study's FAIL). It is ended as
+    ``end_unbuilt`` ends one, its episode's config owed to the pods. A study that
+    cannot be read leaves the state as it is: the factory's own open says why."""
+    t = state.trial
+    if t is None or t.study is None:
+        return
+    meta = body["metadata"]
+    try:
+        url = resolve_storage(named, policy.storage_rules, meta["namespace"])
+        reason = told_failed(url, t.study, t.number)
+    except (StorageRefused, StudyStorageError):
+        return
+    if reason is None:
+        return
+    state.trial = None
+    state.episode_trials += 1
+    if state.pending_restore is None:
+        # On the loop's clock, which the build has none of: owed since the trial began
+        # (its end is not on record), tried at once.
+        state.pending_restore = PendingRestore(
+            since=t.started_at, attempts=0, retry_at=t.started_at, trial=t.number,
+            error=f"trial {t.number} was ended in its study ({reason})")
+    state.reason = f"trial {t.number} was told failed in its study: {reason}"
+    log.warning("%s/%s: the trial on record, %d, was ended already (%s): not resumed, "
+                "the episode's config owed to the pods", meta["namespace"], meta["name"],
+                t.number, reason)

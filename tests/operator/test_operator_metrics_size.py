@@ -40,7 +40,9 @@ TRIALS_MOST = len(TrialOutcome)
 TWIN_MOST = 1 + 2 + 2 * len(Priority) + len(FEATURES)
 """trusted, the step-time errors as given and corrected, TTFT and TBT P99 errors per
 class, a correction factor per cost-model feature (REFIT; one for RESCALE)."""
-MOST_BESIDES_ACTIONS = FIRST_TICK + TRIALS_MOST + TWIN_MOST
+STATUS_WRITES_MOST = 1
+"""The status writes the API server failed (deployment_loop.py)."""
+MOST_BESIDES_ACTIONS = FIRST_TICK + TRIALS_MOST + TWIN_MOST + STATUS_WRITES_MOST
 ACTIONS_MOST = len(LABEL_PAIRS)
 """One counter per (action, reason) label pair: the table's, and "other" per action."""
 PER_CR = MOST_BESIDES_ACTIONS + ACTIONS_MOST
@@ -99,6 +101,8 @@ def test_a_cr_costs_at_most_its_documented_samples_whatever_its_reasons() -> Non
                            f"chat-{i}: {action}"]:
                 view.action(f"chat-{i}", action, reason)
         view.twin(f"chat-{i}", _busiest_twin())
+        view.status_write_failed(f"chat-{i}")
+        view.status_write_failed(f"chat-{i}")
     assert len(_samples(metrics)) == PER_CR * CRS
     # A deleted CR's series go with it (deployment_loop: forget).
     metrics.in_namespace("team-0").forget("chat-0")

@@ -91,6 +91,9 @@ class TunerMetrics:
             Gauge, "slopilot_prometheus_clock_offset_seconds", "The operator's clock less "
             "Prometheus's, as last read: windows are read on Prometheus's clock, but the "
             "times the operator writes (status, events) are off by this much.")
+        self.status_write_failures: Counter = series(
+            _Counter, "slopilot_status_write_failures", "Writes of the controller's "
+            "status the API server failed: until one is taken the loop does not tick.")
         # Features each deployment's gauge holds, so a check that learned fewer (or none)
         # drops the rest instead of leaving an old correction on the dashboard.
         self._factor_features: dict[tuple[str, str], set[str]] = {}
@@ -116,6 +119,9 @@ class TunerMetrics:
 
     def trial(self, deployment: str, outcome: TrialOutcome) -> None:
         self.trials.labels(self.namespace, deployment, outcome.value).inc()
+
+    def status_write_failed(self, deployment: str) -> None:
+        self.status_write_failures.labels(self.namespace, deployment).inc()
 
     def action(self, deployment: str, action: Action, reason: str) -> None:
         if action is not Action.NONE:

@@ -194,6 +194,20 @@ def fail_left_trial(storage: str, base: str, target: StudyTarget, left: LeftTria
     return _fail(found[0], left, reason) if len(found) == 1 else None
 
 
+def told_failed(storage: str, name: str, number: int) -> str | None:
+    """The ``fail_reason`` of trial ``number`` of study ``name`` where it was told
+    failed with one (an end the operator gave it); None where it runs, completed, was
+    failed as stale (no reason), or is not there. StudyStorageError where the storage
+    cannot be reached."""
+    if name not in study_names(storage):
+        return None
+    for t in open_study(storage, name).get_trials(deepcopy=False,
+                                                  states=(TrialState.FAIL,)):
+        if t.number == number and isinstance(t.user_attrs.get("fail_reason"), str):
+            return str(t.user_attrs["fail_reason"])
+    return None
+
+
 def _running(study: optuna.Study, left: LeftTrial) -> bool:
     """Whether ``study`` runs trial ``left`` (its number; and its config where the
     study is not named)."""

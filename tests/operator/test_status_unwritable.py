@@ -1,0 +1,131 @@
+"""A status the API server never takes (an admission webhook on llmdeployments/status
+that fails every PATCH): the loop cannot record a step, so it neither ticks nor syncs,
+and a trial on the pods would serve unwatched for as long as the webhook fails. It is
+said (a warning on the CR's logger, which kopf posts as an event, and a counter), and
+after ``STATUS_GIVE_UP_S`` of failed writes the trial is ended and the pods put back."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+from optuna.trial import TrialState
+
+from slopilot.operator import deployment_loop
+from slopilot.operator.cr_locks import LockTable
+from slopilot.operator.daemon import operator_metrics
+from slopilot.operator.deployment_loop import STATUS_GIVE_UP_S, DeploymentLoop
+from slopilot.operator.kubeapi import ApiError, Kube
+from slopilot.tuner.prometheus.rules import DEPLOYMENT_LABEL, NAMESPACE_LABEL
+from tests.operator.operator_support import NS, Cluster, add_pod, daemon_loop, operator_mint
+from tests.operator.standins import PrometheusStandIn, serving
+from tests.operator.test_daemon_heartbeat import tuning_cr
+from tests.operator.test_live_config import running, spec_config
+from tests.operator.test_unbuilt_trial import _as_operator, _trials
+from tests.support.kube_server import RunningEmulator
+
+HOUR_S = 3600.0
+
+
+class Webhook(Kube):
+    """A validating webhook on llmdeployments/status that fails (500) while ``on``."""
+
+    def __init__(self, kube: Kube) -> None:
+        super().__init__(kube.client)
+        self.on = False
+
+    def request(self, method: str, path: str, **kw: Any) -> Any:
+        if self.on and method in ("PATCH", "PUT") and path.endswith("/status"):
+            raise ApiError(500, "InternalError", 'Internal error occurred: failed calling '
+                           'webhook "status.guard.example": context deadline exceeded')
+        return super().request(method, path, **kw)
+
+
+def _loop(cluster: Cluster, body: dict[str, Any], policy: Any, kube: Kube,
+          monkeypatch: pytest.MonkeyPatch, now: list[float]) -> DeploymentLoop:
+    monkeypatch.setattr(deployment_loop, "post_decision", lambda *a, **kw: None)
+    loop = DeploymentLoop(kube, NS, "chat", str(body["metadata"]["uid"]),
+                          mint=operator_mint(cluster), policy=policy, factory=_as_operator,
+                          locks=LockTable(), logger=logging.getLogger("test.chat"))
+    loop.clock = lambda: now[0]
+    return loop
+
+
+def _failures() -> float:
+    value = operator_metrics(NS).registry.get_sample_value(
+        "slopilot_status_write_failures_total", {NAMESPACE_LABEL: NS, DEPLOYMENT_LABEL: "chat"})
+    return value or 0.0
+
+
+def test_a_status_never_written_ends_the_trial_and_puts_the_pods_back(
+        kube: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+        caplog: pytest.LogCaptureFixture) -> None:
+    body, policy, pod = tuning_cr(kube, cluster, prom, tmp_path)
+    storage = policy.allowed_storage[0]
+    hook, now = Webhook(cluster.kube), [1_000_000.0]
+    loop = _loop(cluster, body, policy, hook, monkeypatch, now)
+    failed_before = _failures()
+    with serving(pod):
+        add_pod(cluster, "chat", 0, pod.port)
+        before = spec_config(cluster)
+        assert loop.step()
+        trial = cluster.status()["controller"]["trial"]
+        assert running(pod)["max_num_seqs"] == trial["config"]["max_num_seqs"]
+        hook.on = True
+        caplog.set_level(logging.WARNING, logger="test.chat")
+        now[0] += 60.0
+        assert loop.step()
+        assert loop.step()  # the retry of the same decision
+        assert _failures() - failed_before == 2
+        said = [r.getMessage() for r in caplog.records if r.name == "test.chat"]
+        assert any("status" in m and "500" in m for m in said)
+        assert running(pod)["max_num_seqs"] == trial["config"]["max_num_seqs"]  # not yet
+        now[0] += STATUS_GIVE_UP_S
+        assert loop.step()
+        assert running(pod)["max_num_seqs"] == before["max_num_seqs"]
+        ended = _trials(body, storage)[0]
+        assert ended.state is TrialState.FAIL
+        assert ended.user_attrs["fail_reason"].startswith("status_unwritable")
+        assert any("trial 0" in r.getMessage() for r in caplog.records
+                   if r.name == "test.chat")
+        hook.on = False  # the webhook is fixed: the ended episode goes on record
+        now[0] += 60.0
+        assert loop.step()
+        saved = cluster.status()["controller"]
+        assert saved.get("trial") is None and saved["reason"].startswith("status_unwritable")
+
+
+def test_a_restarted_operator_does_not_judge_the_trial_the_old_one_ended_unrecorded(
+        kube: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The status still has the trial on record, its config no longer on the pods: the
+    next operator must not measure it, nor commit it over its study's FAIL."""
+    body, policy, pod = tuning_cr(kube, cluster, prom, tmp_path)
+    storage = policy.allowed_storage[0]
+    hook, now = Webhook(cluster.kube), [1_000_000.0]
+    loop = _loop(cluster, body, policy, hook, monkeypatch, now)
+    with serving(pod):
+        add_pod(cluster, "chat", 0, pod.port)
+        before = spec_config(cluster)
+        assert loop.step()
+        hook.on = True
+        now[0] += 60.0
+        assert loop.step()
+        now[0] += STATUS_GIVE_UP_S
+        assert loop.step()
+        loop.close()  # the operator restarts; the webhook is gone with the old one
+        assert cluster.status()["controller"]["trial"]["number"] == 0
+        second = daemon_loop(cluster, body, monkeypatch, factory=_as_operator, policy=policy)
+        second.clock = lambda: now[0]
+        now[0] += 60.0
+        assert second.step()
+        assert cluster.status()["controller"].get("trial") is None
+        assert running(pod)["max_num_seqs"] == before["max_num_seqs"]
+        for _ in range(3):
+            now[0] += 2 * HOUR_S
+            assert second.step()
+            assert "trial 0 holds" not in cluster.status()["controller"]["reason"]
+    assert _trials(body, storage)[0].state is TrialState.FAIL
