@@ -416,6 +416,8 @@ class DeploymentLoop:
         if controller is None or since is None:
             return
         loop, now = controller.loop, self.clock()
+        if now < since:  # a clock stepped back: counted from now, not after the step's length
+            self.unwritten_since = since = now
         trial = loop.trial
         if trial is None or now - since < STATUS_GIVE_UP_S:
             return
