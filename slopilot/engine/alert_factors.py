@@ -15,7 +15,6 @@ No file (a process started by hand, an older operator): the seeds' factors, the
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Mapping
@@ -23,9 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slopilot.engine.bounded_read import read_bounded
-from slopilot.engine.json_keys import DuplicateKey, loads_unique
-from slopilot.engine.read_errors import unreadable
+from slopilot.engine.json_keys import JsonFileError, read_json_file
 
 ALERTS_FILE_ENV = "SLOPILOT_ALERTS_FILE"
 """Where ``slopilot serve`` and ``slopilot meter`` read the alert factors; unset, the
@@ -106,13 +103,9 @@ def read_alert_factors(path: Path) -> AlertFactors:
     """The factors in the JSON file ``path``; AlertFactorsError naming the file (and the
     factor) where it cannot be read, is not JSON, or holds no multiples of an SLO."""
     try:
-        data = loads_unique(read_bounded(path, ALERTS_FILE_BYTES).decode("utf-8"))
-    except DuplicateKey as exc:
-        raise AlertFactorsError(f"{path}: {exc}") from None
-    except OSError as exc:
-        raise AlertFactorsError(f"{path}: {unreadable(exc)}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
-        raise AlertFactorsError(f"{path}: not valid JSON: {exc}") from None
+        data = read_json_file(path, ALERTS_FILE_BYTES)
+    except JsonFileError as exc:
+        raise AlertFactorsError(str(exc)) from None
     try:
         return AlertFactors.from_dict(data)
     except AlertFactorsError as exc:

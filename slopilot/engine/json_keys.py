@@ -11,7 +11,11 @@ request) is read as JSON reads it, not here.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
+
+from slopilot.engine.bounded_read import read_bounded
+from slopilot.engine.read_errors import unreadable
 
 
 class DuplicateKey(Exception):
@@ -40,3 +44,21 @@ def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 def loads_unique(text: str | bytes) -> Any:
     """``json.loads(text)``, refusing an object that gives a key twice (DuplicateKey)."""
     return json.loads(text, object_pairs_hook=unique_keys)
+
+
+class JsonFileError(Exception):
+    """A file a user named that cannot be read as JSON; the message names the file and
+    why, for the caller's own error (an SLO's, the alert factors')."""
+
+
+def read_json_file(path: Path, max_bytes: int) -> Any:
+    """The JSON value in ``path``, read within ``max_bytes`` (``bounded_read``), a key
+    given twice refused; JsonFileError where it cannot be read or is not JSON."""
+    try:
+        return loads_unique(read_bounded(path, max_bytes).decode("utf-8"))
+    except DuplicateKey as exc:
+        raise JsonFileError(f"{path}: {exc}") from None
+    except OSError as exc:
+        raise JsonFileError(f"{path}: {unreadable(exc)}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        raise JsonFileError(f"{path}: not valid JSON: {exc}") from None

@@ -12,16 +12,13 @@ rule needs one limit, it takes the strictest class's (``max_preemptions_per_min`
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slopilot.engine.bounded_read import read_bounded
-from slopilot.engine.json_keys import DuplicateKey, loads_unique
-from slopilot.engine.read_errors import unreadable
+from slopilot.engine.json_keys import JsonFileError, read_json_file
 from slopilot.engine.request import Priority, Request
 
 SLO_FILE_ENV = "SLOPILOT_SLO_FILE"
@@ -291,13 +288,9 @@ def read_slo_file(path: Path) -> SLOSpec:
     """The objectives in the JSON file ``path`` (``spec.slo``'s shape); SLOError naming
     the file where it cannot be read, is not JSON, or is not an SLO."""
     try:
-        data = loads_unique(read_bounded(path, SLO_FILE_BYTES).decode("utf-8"))
-    except DuplicateKey as exc:
-        raise SLOError(f"{path}: {exc}") from None
-    except OSError as exc:
-        raise SLOError(f"{path}: {unreadable(exc)}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
-        raise SLOError(f"{path}: not valid JSON: {exc}") from None
+        data = read_json_file(path, SLO_FILE_BYTES)
+    except JsonFileError as exc:
+        raise SLOError(str(exc)) from None
     try:
         return SLOSpec.from_dict(data)
     except SLOError as exc:
