@@ -36,6 +36,11 @@ from tests.support.profiles import make_profile
 from tests.support.waits import HANG_GUARD_S, wait_for
 
 TINY = load_scenario("tiny-cpu")
+FLOORLESS = 0
+"""No floor of requests per class: a study's or plan's runs stay the 5 s the test asks
+for, not the ~20 min of virtual time the 200-request floor stretches tiny-cpu's to
+(12 s of CPU per study; past the 300 s test limit on a loaded 2-core runner). What
+these tests check (the warm start's fallback, the worker's answers) is not the floor's."""
 
 
 def result(name: str, goodput: float, *constraints: float) -> TrialResult:
@@ -61,14 +66,34 @@ def test_a_bad_margin_is_refused(margin: float) -> None:
         SimOffline(SearchSpace.from_bounds(base=TINY.engine_config()), margin=margin)
 
 
+@pytest.mark.parametrize("floor", [-1, True])
+def test_a_bad_request_floor_is_refused_naming_it(floor: object) -> None:
+    space = SearchSpace.from_bounds(base=TINY.engine_config())
+    with pytest.raises(ValueError, match=r"min_class_requests=.*count >= 0"):
+        SimOffline(space, min_class_requests=floor)  # type: ignore[arg-type]
+    with pytest.raises(CapacityError, match=r"min_class_requests=.*count >= 0"):
+        WorkerPlanner(None, min_class_requests=floor)  # type: ignore[arg-type]
+
+
+def test_the_study_runs_as_long_as_its_floor_asks() -> None:
+    space = SearchSpace.from_bounds(base=TINY.engine_config())
+    config = TINY.engine_config().to_dict()
+    # tiny-cpu's 5 s hold ~15 requests: the default floor stretches them, none does not.
+    assert SimOffline(space, duration_s=5.0)._duration(TINY, 1, config) > 60.0
+    assert SimOffline(space, duration_s=5.0, min_class_requests=FLOORLESS)._duration(
+        TINY, 1, config) == 5.0
+
+
 def test_a_running_config_outside_the_space_is_no_warm_start_and_no_error() -> None:
     # The space is `slopilot tune`'s; a deployment may run outside it (a wide budget, a
     # preemption cap of 0) and its offline study must still run, just without that start.
     space = SearchSpace.from_bounds(base=TINY.engine_config())
     start = {**TINY.engine_config().to_dict(), "token_budget": 16384,
              "max_preemptions_per_step": 0}
-    ranked = SimOffline(space, n_trials=2, duration_s=5.0).best_configs(TINY, 1, start, 2)
-    assert ranked and all(space.validate(c) for c, _ in ranked)
+    # One trial: were the start enqueued anyway, it would be that trial and fail validate.
+    ranked = SimOffline(space, n_trials=1, duration_s=5.0,
+                        min_class_requests=FLOORLESS).best_configs(TINY, 1, start, 2)
+    assert len(ranked) == 1 and all(space.validate(c) for c, _ in ranked)
 
 
 def test_scenarios_and_spaces_cross_the_process_boundary_intact() -> None:
@@ -87,12 +112,16 @@ def worker() -> Iterator[SimWorker]:
 
 def test_the_worker_answers_as_the_in_process_search_does(worker: SimWorker) -> None:
     space = SearchSpace.from_bounds(base=TINY.engine_config())
-    here = SimOffline(space, n_trials=3, duration_s=5.0, seed=1)
-    there = WorkerOffline(worker, SimOffline(space, n_trials=3, duration_s=5.0, seed=1))
+    # Two trials: the warm start and one sampled, so the ranking is of two configs.
+    here = SimOffline(space, n_trials=2, duration_s=5.0, seed=1, min_class_requests=FLOORLESS)
+    there = WorkerOffline(worker, SimOffline(space, n_trials=2, duration_s=5.0, seed=1,
+                                             min_class_requests=FLOORLESS))
     config = TINY.engine_config().to_dict()
     assert there.best_configs(TINY, 1, config, 2) == here.best_configs(TINY, 1, config, 2)
-    local = CapacityPlanner(duration_s=5.0, seed=1).search(TINY, config, 1, 3)
-    remote = WorkerPlanner(worker, duration_s=5.0, seed=1).search(TINY, config, 1, 3)
+    local = CapacityPlanner(duration_s=5.0, seed=1, min_class_requests=FLOORLESS).search(
+        TINY, config, 1, 3)
+    remote = WorkerPlanner(worker, duration_s=5.0, seed=1,
+                           min_class_requests=FLOORLESS).search(TINY, config, 1, 3)
     assert remote.replicas == local.replicas
     assert {n: r.feasible for n, r in remote.results.items()} == \
         {n: r.feasible for n, r in local.results.items()}

@@ -40,7 +40,11 @@ from slopilot.tuner.sim.evaluator import SimulatorEvaluator
 from slopilot.tuner.study.evaluator import QueueReading, WindowRejected
 from slopilot.tuner.study.objective import HEADROOM, TrialResult, holds
 from slopilot.tuner.study.results import rank
-from slopilot.tuner.study.sample_floor import burst_floor, duration_for
+from slopilot.tuner.study.sample_floor import (
+    SIM_MIN_CLASS_REQUESTS,
+    burst_floor,
+    duration_for,
+)
 from slopilot.tuner.study.space import SearchSpace
 from slopilot.tuner.study.storage import open_study
 from slopilot.tuner.study.tuner import Tuner
@@ -185,16 +189,22 @@ class SimOffline:
     edge in simulation, and the live replicas (scheduling jitter, a cost model a little
     off) push an edge config over it, so the warm start would spend its first trials on
     configs that just miss. Its runs are as long as the capacity oracle's need to be
-    (``study/sample_floor.py``): long enough for a floor of each judged class.
+    (``study/sample_floor.py``): long enough for ``min_class_requests`` of each judged
+    class (0: no floor, the runs are ``duration_s``).
     """
 
     def __init__(self, space: SearchSpace, *, n_trials: int = 12, duration_s: float = 180.0,
-                 seed: int = 0, margin: float = HEADROOM) -> None:
+                 seed: int = 0, margin: float = HEADROOM,
+                 min_class_requests: int = SIM_MIN_CLASS_REQUESTS) -> None:
         if not 0.0 <= margin < 1.0:
             raise ValueError(f"margin={margin!r}: expected a fraction in [0, 1), e.g. 0.1 "
                              "for 10 % headroom under every SLO term")
+        if isinstance(min_class_requests, bool) or not isinstance(min_class_requests, int) \
+                or min_class_requests < 0:
+            raise ValueError(f"min_class_requests={min_class_requests!r}: expected a count "
+                             f">= 0, e.g. {SIM_MIN_CLASS_REQUESTS} (0: no floor)")
         self.space, self.n_trials, self.duration_s, self.seed = space, n_trials, duration_s, seed
-        self.margin = margin
+        self.margin, self.min_class_requests = margin, min_class_requests
         self.runs = 0
 
     def best_configs(self, scenario: Scenario, replicas: int, start: Mapping[str, Any],
@@ -229,7 +239,7 @@ class SimOffline:
         except ConfigError:
             return self.duration_s
         return duration_for(probe, scenario.slo, self.duration_s,
-                            floor=burst_floor(scenario))
+                            floor=burst_floor(scenario, self.min_class_requests))
 
 
 def _knobs(config: Mapping[str, Any]) -> str:

@@ -59,6 +59,7 @@ from slopilot.tuner.loop.ports import SimulatorBusy, SimulatorFailed
 from slopilot.tuner.loop.twin_predict import ClassP99, predicted_p99s
 from slopilot.tuner.sim.adapters import SimOffline
 from slopilot.tuner.sim.fair_turns import FairTurns
+from slopilot.tuner.study.sample_floor import SIM_MIN_CLASS_REQUESTS
 
 T = TypeVar("T")
 
@@ -248,9 +249,11 @@ def _best_configs(search: SimOffline, scenario: Scenario, replicas: int,
     return search.best_configs(scenario, replicas, start, k)
 
 
-def _capacity(duration_s: float | None, seed: int | None, scenario: Scenario,
-              config: Mapping[str, Any], lo: int, hi: int, margin: float) -> CapacityAnswer:
-    return CapacityPlanner(duration_s=duration_s, seed=seed).search(
+def _capacity(duration_s: float | None, seed: int | None, min_class_requests: int,
+              scenario: Scenario, config: Mapping[str, Any], lo: int, hi: int,
+              margin: float) -> CapacityAnswer:
+    return CapacityPlanner(duration_s=duration_s, seed=seed,
+                           min_class_requests=min_class_requests).search(
         scenario, config, lo, hi, margin=margin)
 
 
@@ -301,16 +304,20 @@ class WorkerPlanner:
     def __init__(self, worker: SimWorker, *, duration_s: float | None = 120.0,
                  seed: int | None = 0, timeout_s: float = 300.0,
                  queue_timeout_s: float = QUEUE_TIMEOUT_S,
-                 tenant: str = DEFAULT_TENANT) -> None:
-        CapacityPlanner(duration_s=duration_s, seed=seed)  # the same checks, here and now
+                 tenant: str = DEFAULT_TENANT,
+                 min_class_requests: int = SIM_MIN_CLASS_REQUESTS) -> None:
+        # The same checks, here and now.
+        CapacityPlanner(duration_s=duration_s, seed=seed, min_class_requests=min_class_requests)
         self.worker, self.duration_s, self.seed = worker, duration_s, seed
+        self.min_class_requests = min_class_requests
         self.timeout_s = _positive(timeout_s)
         self.queue_timeout_s = _queue_limit(queue_timeout_s)
         self.tenant = tenant
 
     def search(self, scenario: Scenario, config: Mapping[str, Any], lo: int, hi: int,
                *, margin: float = 0.0) -> CapacityAnswer:
-        return self.worker.call(_capacity, self.duration_s, self.seed, scenario,
+        return self.worker.call(_capacity, self.duration_s, self.seed,
+                                self.min_class_requests, scenario,
                                 dict(config), lo, hi, margin, tenant=self.tenant,
                                 timeout_s=self.timeout_s,
                                 queue_timeout_s=self.queue_timeout_s)
