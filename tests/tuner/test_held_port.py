@@ -20,6 +20,7 @@ from slopilot.tuner.local.held_port import HeldPort
 from slopilot.tuner.local.prometheus_server import LocalPrometheus
 from tests.support.fixtures import prometheus_binaries  # noqa: F401 - a fixture
 from tests.support.ports import take_port
+from tests.support.waits import HANG_GUARD_S
 
 
 def test_a_held_port_is_refused_to_other_sockets_until_released() -> None:
@@ -49,7 +50,7 @@ def test_prometheus_starts_and_restarts_on_its_port_though_another_server_wants_
         tmp_path: Path) -> None:
     targets = tmp_path / "targets.json"
     targets.write_text("[]")
-    prom = LocalPrometheus(tmp_path / "prometheus", targets)
+    prom = LocalPrometheus(tmp_path / "prometheus", targets, ready_timeout_s=HANG_GUARD_S)
     port = prom.port
     for _ in range(2):  # before its first start, then while it is down
         intruder = take_port(port)
@@ -77,7 +78,7 @@ class _Contested(LocalDeployment):
 
 
 def test_a_replica_starts_on_its_port_though_another_server_wants_it(tmp_path: Path) -> None:
-    dep = _Contested("t", tmp_path, replicas=1, max_replicas=2)
+    dep = _Contested("t", tmp_path, replicas=1, max_replicas=2, ready_timeout_s=HANG_GUARD_S)
     try:
         with dep:
             assert dep.replicas() == 1

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+import sys
 from pathlib import Path
 
 import httpx
@@ -10,6 +12,7 @@ import pytest
 
 from slopilot.engine.config import ConfigError
 from slopilot.tuner.local.deployment import DeploymentError, LocalDeployment
+from tests.support.waits import HANG_GUARD_S
 
 
 def _targets(dep: LocalDeployment) -> dict[str, list[str]]:
@@ -20,7 +23,7 @@ def _targets(dep: LocalDeployment) -> dict[str, list[str]]:
 
 @pytest.mark.slow
 def test_replicas_targets_configs_scaling_and_a_clean_stop(tmp_path: Path) -> None:
-    with LocalDeployment("t", tmp_path, replicas=2, max_replicas=3,
+    with LocalDeployment("t", tmp_path, replicas=2, max_replicas=3, ready_timeout_s=HANG_GUARD_S,
                          knobs={"token_budget": 2048, "chunk_size": 2048}) as dep:
         urls = dep.endpoints()
         assert dep.replicas() == 2 and len(set(urls)) == 2
@@ -57,8 +60,26 @@ def test_replicas_targets_configs_scaling_and_a_clean_stop(tmp_path: Path) -> No
 
 
 def test_a_replica_that_cannot_start_is_reported_and_nothing_is_left(tmp_path: Path) -> None:
-    dep = LocalDeployment("t", tmp_path, replicas=2, scenario="no-such-scenario")
+    # However long it may take to answer, a replica that exited fails the start at once:
+    # "exited with", not the ready timeout's "not healthy within".
+    dep = LocalDeployment("t", tmp_path, replicas=2, scenario="no-such-scenario",
+                          ready_timeout_s=HANG_GUARD_S)
     with pytest.raises(DeploymentError, match="exited with"):
+        dep.start()
+    assert dep.replicas() == 0 and all(r.process.poll() is not None for r in dep._stopping)
+
+
+class _Silent(LocalDeployment):
+    """Replicas that run and never answer /health."""
+
+    def _command(self, port: int) -> list[str]:
+        return [sys.executable, "-c", "import time; time.sleep(3600)"]
+
+
+def test_a_replica_that_never_answers_fails_at_the_ready_timeout_it_was_given(
+        tmp_path: Path) -> None:
+    dep = _Silent("t", tmp_path, replicas=1, ready_timeout_s=0.01)
+    with pytest.raises(DeploymentError, match=r"not healthy within 0.01 s \(ready_timeout_s"):
         dep.start()
     assert dep.replicas() == 0 and all(r.process.poll() is not None for r in dep._stopping)
 
@@ -77,6 +98,10 @@ def test_torch_replicas_serve_with_the_kernels_asked_for(tmp_path: Path) -> None
     ({"executor": "gpu"}, "executor='gpu'"),
     ({"executor": "torch", "cpu_kernels": "fast"}, "cpu_kernels='fast'.*auto, native, torch"),
     ({"knobs": {"chunk_sizes": 1}}, "unknown knob 'chunk_sizes'"),
+    ({"ready_timeout_s": 0}, r"ready_timeout_s=0: expected seconds > 0"),
+    ({"ready_timeout_s": math.inf}, r"ready_timeout_s=inf: expected seconds > 0"),
+    ({"ready_timeout_s": math.nan}, r"ready_timeout_s=nan: expected seconds > 0"),
+    ({"drain_timeout_s": -1}, r"drain_timeout_s=-1: expected seconds >= 0"),
 ])
 def test_bad_arguments_are_refused_before_any_process_starts(
         tmp_path: Path, kwargs: dict[str, object], message: str) -> None:
@@ -90,7 +115,8 @@ def test_the_replicas_judge_each_request_by_the_deployments_slo(tmp_path: Path) 
     from slopilot.engine.slo import SLOSpec
 
     slo = SLOSpec.from_dict({"profile": "strict", "classes": {"p1": {"tbtP99Ms": 70}}})
-    with LocalDeployment("t", tmp_path, replicas=1, max_replicas=2, slo=slo) as dep:
+    with LocalDeployment("t", tmp_path, replicas=1, max_replicas=2, slo=slo,
+                         ready_timeout_s=HANG_GUARD_S) as dep:
         auth = {"Authorization": f"Bearer {dep.token}"}
         dep.scale(2)
         for url in dep.endpoints():

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import secrets
 import signal
@@ -68,13 +69,18 @@ class Replica:
         return f"127.0.0.1:{self.port}"
 
 
+READY_TIMEOUT_S = 60.0
+"""How long a starting replica may take to answer /health by default: a simulated one
+answers in seconds; a slower start (torch, a busy machine) is given more by its caller."""
+
+
 class LocalDeployment:
     """N local replicas; see the module docstring. Use as a context manager."""
 
     def __init__(self, name: str, workdir: Path, *, replicas: int = 2, max_replicas: int = 8,
                  scenario: str = "demo", executor: str = "simulated",
                  model: str = "smollm2-135m", knobs: Mapping[str, Any] | None = None,
-                 drain_timeout_s: float = 5.0, ready_timeout_s: float = 60.0,
+                 drain_timeout_s: float = 5.0, ready_timeout_s: float = READY_TIMEOUT_S,
                  log_level: str = "warning", cpu_kernels: str = "auto",
                  slo: SLOSpec | None = None) -> None:
         if not name or not name.replace("-", "").isalnum():
@@ -87,8 +93,13 @@ class LocalDeployment:
         if cpu_kernels not in KERNEL_CHOICES:
             raise ValueError(f"cpu_kernels={cpu_kernels!r}: use one of "
                              f"{', '.join(KERNEL_CHOICES)}")
-        if drain_timeout_s < 0 or not ready_timeout_s > 0:
-            raise ValueError("drain_timeout_s must be >= 0 and ready_timeout_s > 0 seconds")
+        if not 0 <= drain_timeout_s < math.inf:
+            raise ValueError(f"drain_timeout_s={drain_timeout_s!r}: expected seconds >= 0, "
+                             "e.g. 5")
+        if not 0 < ready_timeout_s < math.inf:
+            raise ValueError(f"ready_timeout_s={ready_timeout_s!r}: expected seconds > 0 "
+                             f"(how long a starting replica may take to answer /health), "
+                             f"e.g. {READY_TIMEOUT_S:g}")
         # Refuse a bad knob here, before any process starts.
         self._stable = EngineConfig().with_overrides(knobs or {}).to_dict()
         self._committed = dict(self._stable)
@@ -182,7 +193,9 @@ class LocalDeployment:
                 pass
             if time.monotonic() > deadline:
                 raise DeploymentError(f"replica {r.index} (port {r.port}) not healthy within "
-                                      f"{self.ready_timeout_s} s:\n{self._tail(r)}")
+                                      f"{self.ready_timeout_s:g} s (ready_timeout_s; on a slow "
+                                      f"or busy machine give more, `slopilot demo "
+                                      f"--ready-timeout`):\n{self._tail(r)}")
             time.sleep(0.1)
 
     @staticmethod

@@ -9,6 +9,7 @@ it dies (``die_with_parent.py``), a SIGKILL too.
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import subprocess
@@ -23,6 +24,8 @@ from slopilot.tuner.local.die_with_parent import die_with_parent
 from slopilot.tuner.local.held_port import HeldPort
 
 BIN_ENV = "SLOPILOT_PROMETHEUS_BIN"
+READY_TIMEOUT_S = 30.0
+"""How long a starting Prometheus may take to answer /-/ready by default."""
 
 
 class PrometheusStartError(RuntimeError):
@@ -37,7 +40,12 @@ def find_prometheus() -> Path | None:
 class LocalPrometheus:
     def __init__(self, workdir: Path, targets_file: Path, rule_files: Sequence[Path] = (), *,
                  scrape_interval_s: int = 1, evaluation_interval_s: int = 1,
-                 binary: Path | None = None, ready_timeout_s: float = 30.0) -> None:
+                 binary: Path | None = None,
+                 ready_timeout_s: float = READY_TIMEOUT_S) -> None:
+        if not 0 < ready_timeout_s < math.inf:
+            raise ValueError(f"ready_timeout_s={ready_timeout_s!r}: expected seconds > 0 "
+                             "(how long a starting Prometheus may take to answer /-/ready), "
+                             f"e.g. {READY_TIMEOUT_S:g}")
         found = binary or find_prometheus()
         if found is None:
             raise PrometheusStartError(
@@ -81,13 +89,22 @@ class LocalPrometheus:
                 preexec_fn=die_with_parent)
         deadline = time.monotonic() + self.ready_timeout_s
         while not self.ready():
-            if self.process.poll() is not None or time.monotonic() > deadline:
+            # An exited process fails at once, however long the start may take.
+            code = self.process.poll()
+            if code is not None:
+                raise PrometheusStartError(f"Prometheus on port {self.port} exited with "
+                                           f"{code} at start:\n{self._tail()}")
+            if time.monotonic() > deadline:
                 self.stop()
-                tail = self.log_path.read_text(errors="replace")[-2000:]
-                raise PrometheusStartError(f"Prometheus on port {self.port} did not become "
-                                           f"ready:\n{tail}")
+                raise PrometheusStartError(
+                    f"Prometheus on port {self.port} not ready within "
+                    f"{self.ready_timeout_s:g} s (ready_timeout_s; on a slow or busy machine "
+                    f"give more, `slopilot demo --ready-timeout`):\n{self._tail()}")
             time.sleep(0.1)
         return self
+
+    def _tail(self) -> str:
+        return self.log_path.read_text(errors="replace")[-2000:]
 
     def ready(self) -> bool:
         try:
