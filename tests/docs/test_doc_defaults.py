@@ -47,6 +47,7 @@ UNSET_DEFAULTS: dict[tuple[str, str], float] = {
     ("demo", "--replicas"): _DEMO.replicas,
     ("demo", "--max-replicas"): _DEMO.max_replicas,
     ("demo", "--duration"): _DEMO.duration_s,
+    ("demo", "--ready-timeout"): _DEMO.replica_ready_timeout_s,
 }
 
 

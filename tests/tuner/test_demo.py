@@ -28,7 +28,10 @@ TINY_CONFIG = {  # tiny-random's config.json (engine/models.py): a checkpoint th
 
 
 def _demo_command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "slopilot.cli", "demo", *args]
+    # A replica or Prometheus slow to start on a loaded machine is waited for up to the
+    # suite's hang guard, not the demo's 60 s; one that exits still fails at once.
+    return [sys.executable, "-m", "slopilot.cli", "demo", "--ready-timeout",
+            str(HANG_GUARD_S), *args]
 
 
 # Lines as printed, not wrapped: rich wraps a pipe's output at 80 columns.
@@ -126,6 +129,9 @@ def test_a_demo_that_runs_its_duration_out_exits_0_with_its_report(tmp_path: Pat
     ({"max_replicas": 100000}, r"--max-replicas 100000: .* at most \d+ simulated replicas"
                                r".*give --max-replicas \d+ or fewer"),
     ({"executor": "torch", "max_replicas": 100000}, r"at most \d+ torch replicas"),
+    ({"ready_timeout_s": 0}, r"--ready-timeout 0: expected seconds > 0"),
+    ({"ready_timeout_s": float("inf")}, r"--ready-timeout inf: expected seconds > 0"),
+    ({"ready_timeout_s": float("nan")}, r"--ready-timeout nan: expected seconds > 0"),
 ])
 def test_bad_demo_options_say_what_to_fix(kwargs: dict[str, float], message: str) -> None:
     with pytest.raises(ValueError, match=message):
@@ -280,7 +286,13 @@ def test_demo_flags_pick_the_executor_and_its_defaults(
     assert main(["demo", "--executor", "torch"]) == 0
     assert main(["demo", "--model", "tiny-random", "--replicas", "2"]) == 0
     assert main(["demo", "--duration", "60", "--shift-at", "5"]) == 0
-    simulated, torch, tiny, shifted = got
+    assert main(["demo", "--executor", "torch", "--ready-timeout", "900"]) == 0
+    simulated, torch, tiny, shifted, patient = got
+    # How long a replica and Prometheus may take to answer at start: the executor's
+    # default, or what --ready-timeout gives both.
+    assert (simulated.replica_ready_timeout_s, torch.replica_ready_timeout_s,
+            simulated.prometheus_ready_timeout_s) == (60, 180, 30)
+    assert (patient.replica_ready_timeout_s, patient.prometheus_ready_timeout_s) == (900, 900)
     assert (simulated.executor, simulated.replicas, simulated.duration_s) == ("simulated", 2, 240)
     assert (simulated.shift_s, torch.shift_s, shifted.shift_s) == (120, 360, 5)
     assert (torch.executor, torch.served_model, torch.replicas, torch.max_replicas,
@@ -472,7 +484,8 @@ def test_a_demo_stopped_mid_run_writes_the_report_of_the_run_so_far(
 
     report_dir = tmp_path / "report"
     before = signal.getsignal(signal.SIGTERM)
-    opts = DemoOptions(prometheus=False, duration_s=60, report_dir=report_dir, until=stop)
+    opts = DemoOptions(prometheus=False, duration_s=60, report_dir=report_dir, until=stop,
+                       ready_timeout_s=HANG_GUARD_S)
     result = run_demo(opts, Console(quiet=True))
     assert signal.getsignal(signal.SIGTERM) == before  # the handler put back
     assert result.stopped_at_s is not None and result.stopped_by == said
@@ -505,7 +518,7 @@ def test_a_stop_once_the_loop_is_over_waits_for_the_report_and_a_second_ends_it(
     monkeypatch.setattr(demo, "write_demo_report", terminated_while_writing)
     report_dir = tmp_path / "report"
     opts = DemoOptions(prometheus=False, duration_s=60, report_dir=report_dir,
-                       until=lambda result, dep: True)
+                       until=lambda result, dep: True, ready_timeout_s=HANG_GUARD_S)
     result = demo.run_demo(opts, Console(quiet=True))
     assert result.stopped_by == "SIGTERM" and result.stopped_at_s is None
     assert result.report_written is (signals == 1)

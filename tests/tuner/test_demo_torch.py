@@ -23,6 +23,7 @@ from slopilot.tuner.local.demo_story import DemoResult
 from slopilot.tuner.local.deployment import LocalDeployment
 from slopilot.tuner.local.loadgen import Phase
 from tests.support.fixtures import prometheus_binaries  # noqa: F401 - a fixture
+from tests.support.waits import HANG_GUARD_S
 
 # Enough requests for every 8 s rate window to hold TBT samples of both classes.
 LOAD = (Phase(4.0, 32, 8, {"p0": 0.3, "p1": 0.7}, 0.5, 64),
@@ -42,6 +43,9 @@ def _unmeetable_scenario(tmp_path: Path) -> Path:
 @pytest.mark.slow
 @pytest.mark.prometheus
 @pytest.mark.usefixtures("prometheus_binaries")
+# The start (up to the hang guard for the replica, as much for Prometheus) and then the
+# loop to its trial: above pytest's 300 s, so a slow start fails with its own message.
+@pytest.mark.timeout(600)
 def test_the_loop_retunes_a_real_engine_on_its_measured_alert(tmp_path: Path) -> None:
     seen: dict[str, Any] = {}
 
@@ -54,7 +58,10 @@ def test_the_loop_retunes_a_real_engine_on_its_measured_alert(tmp_path: Path) ->
     opts = DemoOptions(executor="torch", model="tiny-random", replicas=1, max_replicas=1,
                        scenario=str(_unmeetable_scenario(tmp_path)), prometheus=True,
                        report_dir=tmp_path / "report", duration_s=1800, shift_at_s=5,
-                       load=LOAD, until=trial_applied)
+                       load=LOAD, until=trial_applied,
+                       # A slow start on a loaded machine (tiny-random's load, torch's
+                       # import) is waited for by condition; an exited replica fails at once.
+                       ready_timeout_s=HANG_GUARD_S)
     out = io.StringIO()
     result = run_demo(opts, Console(file=out, width=400))
     text = out.getvalue()

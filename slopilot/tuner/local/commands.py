@@ -28,6 +28,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--shift-at", type=float, default=None, metavar="SECONDS",
                    help="when the load shifts, in seconds since the start; default "
                    "half of --duration")
+    p.add_argument("--ready-timeout", type=float, default=None, metavar="SECONDS",
+                   help="how long each replica and Prometheus may take to answer at start "
+                   "(default 60, torch 180; Prometheus 30); a slow or busy machine needs "
+                   "more. One that exits fails the start at once")
     # A string, not a Path: Path('') is '.', and an empty flag would write into the
     # current folder.
     p.add_argument("--report-dir", default="reports/demo", metavar="FOLDER",
@@ -58,7 +62,8 @@ def _demo(args: argparse.Namespace) -> int:
 
     executor = args.executor or ("torch" if args.model is not None else "simulated")
     given = {k: v for k, v in (("replicas", args.replicas), ("max_replicas", args.max_replicas),
-                               ("duration_s", args.duration), ("shift_at_s", args.shift_at))
+                               ("duration_s", args.duration), ("shift_at_s", args.shift_at),
+                               ("ready_timeout_s", args.ready_timeout))
              if v is not None}
     defaults = {k: v for k, v in TORCH_DEFAULTS.items()
                 if executor == "torch" and k not in given}

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import os
 import time
 from collections.abc import Callable, Mapping
@@ -41,9 +42,10 @@ from slopilot.tuner.local.demo_report import (
 )
 from slopilot.tuner.local.demo_stops import DemoStops, StopPhase, stop_name
 from slopilot.tuner.local.demo_story import DemoResult, Narrator, RecordingAlerts, Story, p99s
-from slopilot.tuner.local.deployment import LocalDeployment
+from slopilot.tuner.local.deployment import READY_TIMEOUT_S, LocalDeployment
 from slopilot.tuner.local.loadgen import LoadGenerator, Phase
 from slopilot.tuner.local.machine_load import MachineLoad
+from slopilot.tuner.local.prometheus_server import READY_TIMEOUT_S as PROMETHEUS_READY_S
 from slopilot.tuner.local.prometheus_server import LocalPrometheus, find_prometheus
 from slopilot.tuner.local.scrape import DirectScrape
 from slopilot.tuner.local.scrape_probe import ScrapeProbe
@@ -106,6 +108,9 @@ def restore_rule() -> str:
 
 
 EXECUTORS = ("simulated", "torch")
+REPLICA_READY_S = {"simulated": READY_TIMEOUT_S, "torch": 180.0}
+"""How long a starting replica may take to answer /health by default: a torch one loads
+its model (and builds its kernels on first use) first."""
 TORCH_MODEL = "smollm2-135m"
 UntilFn = Callable[[DemoResult, LocalDeployment], bool]
 
@@ -137,6 +142,10 @@ class DemoOptions:
     """The load before and after the shift; None: ``phases`` for the executor."""
     until: UntilFn | None = None
     """End before ``duration_s`` once this holds (checked every tick; the tests' stop)."""
+    ready_timeout_s: float | None = None
+    """How long each replica and Prometheus may take to answer at start (``--ready-timeout``);
+    None: ``REPLICA_READY_S`` for the executor's replicas, Prometheus' own default. A
+    process that exits fails the start at once whatever this is."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.replicas <= self.max_replicas:
@@ -154,6 +163,10 @@ class DemoOptions:
         if self.executor == "simulated" and self.model is not None:
             raise ValueError(f"--model {self.model}: the simulated executor serves the "
                              "scenario's cost model; add --executor torch to serve a model")
+        if self.ready_timeout_s is not None and not 0 < self.ready_timeout_s < math.inf:
+            raise ValueError(f"--ready-timeout {self.ready_timeout_s:g}: expected seconds > 0 "
+                             "(how long a replica or Prometheus may take to answer at "
+                             "start), e.g. 600 on a slow or busy machine")
         if self.shift_at_s is not None and not 0 <= self.shift_at_s < self.duration_s:
             raise ValueError(f"--shift-at {self.shift_at_s:g}: expected 0 or more seconds, "
                              f"less than --duration {self.duration_s:g}")
@@ -212,6 +225,14 @@ class DemoOptions:
     @property
     def scenario_name(self) -> str:
         return self.scenario or ("demo-torch" if self.torch else NAME)
+
+    @property
+    def replica_ready_timeout_s(self) -> float:
+        return self.ready_timeout_s or REPLICA_READY_S[self.executor]
+
+    @property
+    def prometheus_ready_timeout_s(self) -> float:
+        return self.ready_timeout_s or PROMETHEUS_READY_S
 
     @property
     def shift_s(self) -> float:
@@ -417,7 +438,7 @@ def _start_replicas(opts: DemoOptions, scenario: Scenario, twin: Scenario, work:
     dep = stack.enter_context(LocalDeployment(
         NAME, work, replicas=opts.replicas, max_replicas=opts.max_replicas,
         scenario=opts.scenario_name, executor=opts.executor, model=opts.served_model,
-        knobs=scenario.engine, ready_timeout_s=180.0 if opts.torch else 60.0,
+        knobs=scenario.engine, ready_timeout_s=opts.replica_ready_timeout_s,
         cpu_kernels=kernels, slo=scenario.slo))
     kind = (f"torch {opts.served_model} on the CPU, --cpu-kernels {kernels}" if opts.torch
             else f"simulated {scenario.gpu} + {scenario.model} cost model, real time")
@@ -444,7 +465,8 @@ def _start_metrics(opts: DemoOptions, scenario: Scenario, twin: Scenario,
         return _Sources(scrape, scrape, probe, scrape, scrape)
     rules = work / "rules.yaml"
     rules.write_text(render_rules_yaml(scenario.slo, NAME, options=RULES))
-    prom = LocalPrometheus(work / "prometheus", dep.targets_file, [rules])
+    prom = LocalPrometheus(work / "prometheus", dep.targets_file, [rules],
+                           ready_timeout_s=opts.prometheus_ready_timeout_s)
     stack.callback(prom.close)
     prom.start()
     say(f"Prometheus {prom.url} scraping every 1 s, rules: rate window "
