@@ -65,12 +65,15 @@ class LiveLoop:
 def live_loop(workdir: Path, slo: SLOSpec, *, replicas: int = 1, phase: Phase = LIGHT,
               seed: int = 0) -> Iterator[LiveLoop]:
     with ExitStack() as stack:
+        # A slow start on a loaded machine is waited for up to the hang guard, not the
+        # product's 60 s and 30 s; a process that exits still fails the start at once.
         dep = stack.enter_context(LocalDeployment(NAME, workdir / "replicas", replicas=replicas,
-                                                  max_replicas=3, knobs=START, slo=slo))
+                                                  max_replicas=3, knobs=START, slo=slo,
+                                                  ready_timeout_s=HANG_GUARD_S))
         rules = workdir / "rules.yaml"
         rules.write_text(render_rules_yaml(slo, NAME, options=RULES))
         prom = stack.enter_context(LocalPrometheus(workdir / "prometheus", dep.targets_file,
-                                                   [rules]))
+                                                   [rules], ready_timeout_s=HANG_GUARD_S))
         load = stack.enter_context(LoadGenerator(dep.endpoints, phase, model=NAME, seed=seed))
         loop = LiveLoop(dep, prom, load)
         wait_for(lambda: loop.finished_requests() >= 5,

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.fixtures import prometheus_binaries  # noqa: F401 - a fixture
-from tests.support.waits import wait_for
+from tests.support.waits import HANG_GUARD_S, wait_for
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").is_file(),
                                 reason="reads the process tree from /proc")
@@ -89,7 +89,7 @@ CHILD = textwrap.dedent("""
     targets.write_text("[]")
     worker = SimWorker()
     worker.call(int)  # its process is up and has served a call
-    LocalPrometheus(work / "prometheus", targets).start()
+    LocalPrometheus(work / "prometheus", targets, ready_timeout_s=float(sys.argv[2])).start()
     (work / "ready").write_text("")
     sys.stdin.read()  # until killed
 """)
@@ -98,7 +98,7 @@ CHILD = textwrap.dedent("""
 @pytest.mark.prometheus
 @pytest.mark.usefixtures("prometheus_binaries")
 def test_prometheus_and_the_simulator_worker_end_with_a_killed_parent(tmp_path: Path) -> None:
-    parent = subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path)],
+    parent = subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path), str(HANG_GUARD_S)],
                               stdin=subprocess.PIPE, cwd=ROOT,
                               env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:
