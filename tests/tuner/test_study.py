@@ -7,9 +7,10 @@ import signal
 import subprocess
 import sys
 import textwrap
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import optuna
 import pytest
@@ -20,6 +21,7 @@ from slopilot.engine.request import Priority
 from slopilot.engine.slo import SLOSpec
 from slopilot.tuner.sim.evaluator import SimulatorEvaluator
 from slopilot.tuner.study.evaluator import WindowRejected
+from slopilot.tuner.study.heartbeat import TrialHeartbeat
 from slopilot.tuner.study.live import ResumableTuner
 from slopilot.tuner.study.objective import TrialResult
 from slopilot.tuner.study.results import failure_reason
@@ -28,6 +30,8 @@ from slopilot.tuner.study.storage import StudyStorageError, open_study
 from slopilot.tuner.study.tuner import Tuner
 from tests.support.summaries import OLD_CLUSTER, OLD_PROMETHEUS
 from tests.support.waits import HANG_GUARD_S, wait_for
+
+T = TypeVar("T")
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 REPO = Path(__file__).resolve().parents[2]
@@ -122,9 +126,11 @@ def test_rejected_windows_are_repeated_not_counted() -> None:
     assert "rejected 3 times: too few samples" in last.user_attrs["fail_reason"]
 
 
-# Heartbeats every second, stale after 15 missed ones: the live process's trial must not go
-# stale however busy the machine (its heartbeat thread would have to starve for 15 s), and
-# the test waits for the dead one's failure, not a fixed time.
+# Heartbeats every second, stale after 15 missed ones. The test waits for the dead
+# process's failure, not a fixed time; and every check of this process's trial (each
+# opening of the study fails the stale ones) waits first for its heartbeat thread's next
+# beat (``_after_a_beat``), so however long a busy machine leaves that thread unscheduled,
+# no check runs on a heartbeat it has not yet renewed.
 BEAT = {"heartbeat_s": 1, "grace_s": 15}
 
 _CHILD = textwrap.dedent("""
@@ -146,14 +152,35 @@ def _state(url: str, number: int) -> TrialState:
     return open_study(url, "crash", sampler="random", **BEAT).get_trials()[number].state
 
 
+class _Beats:
+    """Tells when ``heartbeat`` has recorded its next beat (its thread's own call)."""
+
+    def __init__(self, heartbeat: TrialHeartbeat, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.recorded = threading.Event()
+        beat = heartbeat._beat
+
+        def counted(number: int, trial_id: int) -> None:
+            beat(number, trial_id)
+            self.recorded.set()
+
+        monkeypatch.setattr(heartbeat, "_beat", counted)
+
+    def after_a_beat(self, check: Callable[[], T]) -> T:
+        self.recorded.clear()
+        wait_for(self.recorded.is_set, what="this process's next trial heartbeat")
+        return check()
+
+
 def test_a_killed_process_s_trial_is_failed_a_live_one_s_is_not_and_numbering_continues(
-        tmp_path: Path) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     url = f"sqlite:///{tmp_path / 'crash.db'}"
     tuner = Tuner(open_study(url, "crash", **BEAT), SearchSpace.from_bounds())
     for _ in range(2):
         n, c = tuner.ask()
         tuner.tell(n, _result(c, 1.0))
     live, _ = tuner.ask()  # trial 2: this (live) process keeps it
+    assert tuner.heartbeat is not None
+    beats = _Beats(tuner.heartbeat, monkeypatch)
     log = tmp_path / "child.log"
     with log.open("w") as out:
         child = subprocess.Popen([sys.executable, "-c", _CHILD, url], stdout=out,
@@ -170,9 +197,9 @@ def test_a_killed_process_s_trial_is_failed_a_live_one_s_is_not_and_numbering_co
             child.wait(timeout=HANG_GUARD_S)
     # The dead child's trial stops beating and is failed after the grace period; this
     # process's trial, asked before it, beat all along and is still running.
-    wait_for(lambda: _state(url, 3) == TrialState.FAIL,
+    wait_for(lambda: beats.after_a_beat(lambda: _state(url, 3)) == TrialState.FAIL,
              what="the killed process's trial to be failed as stale")
-    trials = open_study(url, "crash", **BEAT).get_trials()
+    trials = beats.after_a_beat(lambda: open_study(url, "crash", **BEAT).get_trials())
     assert [t.state for t in trials] == [TrialState.COMPLETE] * 2 + [TrialState.RUNNING,
                                                                        TrialState.FAIL]
     assert "stopped sending heartbeats" in (failure_reason(trials[3]) or "")
