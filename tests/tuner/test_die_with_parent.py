@@ -119,7 +119,9 @@ def test_a_demo_killed_with_sigkill_leaves_nothing_running(tmp_path: Path) -> No
     out = tmp_path / "out.txt"
     with out.open("wb") as sink:
         demo = subprocess.Popen(
+            # A slow start is waited for up to the hang guard, not the demo's 60 s.
             [sys.executable, "-m", "slopilot.cli", "demo", "--duration", "60",
+             "--ready-timeout", str(HANG_GUARD_S),
              "--report-dir", str(tmp_path / "report")], stdout=sink,
             stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:
