@@ -48,7 +48,7 @@ def test_removing_clients_removes_the_grants_file_from_the_configmap(
     assert _reconciled(kube_client, cluster)["ConfigMap/chat-engine"] is Change.PATCHED
     cm = Kube(kube_client).get("v1", "configmaps", NS, "chat-engine")
     assert cm is not None
-    assert sorted(cm["data"]) == ["engine.json", "slo.json"]
+    assert sorted(cm["data"]) == ["alerts.json", "engine.json", "slo.json"]
     assert _reconciled(kube_client, cluster)["ConfigMap/chat-engine"] is Change.UNCHANGED
 
 
