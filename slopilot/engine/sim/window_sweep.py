@@ -106,7 +106,6 @@ def _series(first_tokens: Sequence[FirstToken], priority: Priority
             np.array([t for _, t in rows], dtype=np.float64))
 
 
-
 @dataclass(frozen=True, slots=True)
 class GapWindow:
     """The window from ``start_s``: its ``priority`` requests' token gaps, and how many
