@@ -24,6 +24,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from slopilot.operator.crd import GROUP, PLURAL, VERSION
 from slopilot.operator.daemon import DaemonContext
+from slopilot.operator.deployment_loop import DeploymentLoop
 from slopilot.operator.policy import OperatorPolicy
 from slopilot.tuner.loop.controller import Controller
 from slopilot.tuner.loop.errors import ControllerError
@@ -44,6 +45,14 @@ def _as_operator(ctx: DaemonContext) -> Controller:
         return build_study_controller(ctx)
     except StudyStorageError as exc:
         raise ControllerError(f"spec.tuning.storage: {exc}") from None
+
+
+def _on_clock(cluster: Cluster, body: dict[str, Any], monkeypatch: pytest.MonkeyPatch,
+              policy: OperatorPolicy, now: list[float]) -> DeploymentLoop:
+    """The CR's daemon loop as the operator builds it, on the test's clock ``now[0]``."""
+    loop = daemon_loop(cluster, body, monkeypatch, factory=_as_operator, policy=policy)
+    loop.clock = lambda: now[0]
+    return loop
 
 
 def _trials(body: dict[str, Any], storage: str) -> list[FrozenTrial]:
@@ -74,16 +83,14 @@ def test_a_trial_whose_study_cannot_be_opened_after_a_restart_leaves_the_pods(
     now = [1_000_000.0]
     with serving(pod):
         add_pod(cluster, "chat", 0, pod.port)
-        first = daemon_loop(cluster, body, monkeypatch, factory=_as_operator, policy=policy)
-        first.clock = lambda: now[0]
+        first = _on_clock(cluster, body, monkeypatch, policy, now)
         before = spec_config(cluster)
         assert first.step()
         _trial_on_pod(cluster, pod, before)
         first.close()  # the operator stops; its storage is unreadable as it starts again
         shutil.move(db, tmp_path / "saved.db")
         db.write_bytes(b"not a database" * 100)
-        second = daemon_loop(cluster, body, monkeypatch, factory=_as_operator, policy=policy)
-        second.clock = lambda: now[0]
+        second = _on_clock(cluster, body, monkeypatch, policy, now)
         now[0] += 60.0
         assert second.step()
         assert second.controller is None
@@ -112,24 +119,21 @@ def test_a_trial_under_a_policy_that_refuses_its_storage_is_not_judged_later(
     now = [1_000_000.0]
     with serving(pod):
         add_pod(cluster, "chat", 0, pod.port)
-        first = daemon_loop(cluster, body, monkeypatch, factory=_as_operator, policy=policy)
-        first.clock = lambda: now[0]
+        first = _on_clock(cluster, body, monkeypatch, policy, now)
         before = spec_config(cluster)
         assert first.step()
         _trial_on_pod(cluster, pod, before)
         first.close()
         # The administrator restarts the operator with an allow-list without the CR's.
         tighter = OperatorPolicy(allowed_storage=(f"sqlite:///{tmp_path / 'central.db'}",))
-        second = daemon_loop(cluster, body, monkeypatch, factory=_as_operator, policy=tighter)
-        second.clock = lambda: now[0]
+        second = _on_clock(cluster, body, monkeypatch, tighter, now)
         now[0] += 60.0
         assert second.step()
         assert running(pod)["max_num_seqs"] == before["max_num_seqs"]
         assert cluster.status()["controller"].get("trial") is None
         assert "trial 0" in _tuning_condition(cluster)["message"]
         second.close()
-        third = daemon_loop(cluster, body, monkeypatch, factory=_as_operator, policy=policy)
-        third.clock = lambda: now[0]
+        third = _on_clock(cluster, body, monkeypatch, policy, now)
         for _ in range(3):  # allowed again: the trial is told failed, never committed
             now[0] += 2 * HOUR_S
             assert third.step()
@@ -145,8 +149,7 @@ def test_a_bounds_edit_the_operator_refuses_mid_trial_takes_the_trial_off_the_po
     now = [1_000_000.0]
     with serving(pod):
         add_pod(cluster, "chat", 0, pod.port)
-        loop = daemon_loop(cluster, body, monkeypatch, factory=_as_operator, policy=policy)
-        loop.clock = lambda: now[0]
+        loop = _on_clock(cluster, body, monkeypatch, policy, now)
         before = spec_config(cluster)
         assert loop.step()
         value = _trial_on_pod(cluster, pod, before)["config"]["max_num_seqs"]
@@ -177,8 +180,7 @@ def test_a_storage_switch_mid_trial_ends_the_episode_without_a_cooldown(
     now = [1_000_000.0]
     with serving(pod):
         add_pod(cluster, "chat", 0, pod.port)
-        loop = daemon_loop(cluster, body, monkeypatch, factory=_as_operator, policy=policy)
-        loop.clock = lambda: now[0]
+        loop = _on_clock(cluster, body, monkeypatch, policy, now)
         before = spec_config(cluster)
         assert loop.step()
         _trial_on_pod(cluster, pod, before)
@@ -209,8 +211,7 @@ def test_a_backend_and_storage_switch_in_one_edit_fails_the_trial_in_the_old_sto
     now = [1_000_000.0]
     with serving(pod):
         add_pod(cluster, "chat", 0, pod.port)
-        loop = daemon_loop(cluster, body, monkeypatch, factory=_as_operator, policy=policy)
-        loop.clock = lambda: now[0]
+        loop = _on_clock(cluster, body, monkeypatch, policy, now)
         before = spec_config(cluster)
         assert loop.step()
         _trial_on_pod(cluster, pod, before)
@@ -241,8 +242,7 @@ def test_an_ended_trial_on_record_naming_the_running_trial_is_not_told_failed(
         cluster.custom.patch_namespaced_custom_object_status(
             GROUP, VERSION, NS, PLURAL, "chat", {"status": {"controller": {"ended_trial": {
                 "number": trial["number"], "reason": "forged", "study": trial["study"]}}}})
-        second = daemon_loop(cluster, body, monkeypatch, factory=_as_operator, policy=policy)
-        second.clock = lambda: now[0]
+        second = _on_clock(cluster, body, monkeypatch, policy, now)
         assert second.step()
         assert cluster.status()["controller"].get("ended_trial") is None
         now[0] += 2 * HOUR_S
@@ -262,8 +262,7 @@ def test_a_refused_edit_that_also_switches_the_backend_takes_the_trial_off_the_p
     now = [1_000_000.0]
     with serving(pod):
         add_pod(cluster, "chat", 0, pod.port)
-        loop = daemon_loop(cluster, body, monkeypatch, factory=_as_operator, policy=policy)
-        loop.clock = lambda: now[0]
+        loop = _on_clock(cluster, body, monkeypatch, policy, now)
         before = spec_config(cluster)
         assert loop.step()
         value = _trial_on_pod(cluster, pod, before)["config"]["max_num_seqs"]
