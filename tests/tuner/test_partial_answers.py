@@ -63,7 +63,7 @@ def test_the_alerts_read_through_a_warning_are_prometheus_unavailable() -> None:
 @pytest.mark.parametrize("info", [
     "PromQL info: metric might not be a counter, name does not end in "
     "_total/_sum/_count/_bucket: \"x\" (1:6)",
-    # Before Prometheus 2.50 put infos apart, a histogram's fix-up was among warnings.
+    # A PromQL warning annotation too: about the series the query read, not missing ones.
     "PromQL warning: input to histogram_quantile needed to be fixed for monotonicity"])
 def test_a_promql_annotation_is_no_missing_data(info: str,
                                                 caplog: pytest.LogCaptureFixture) -> None:

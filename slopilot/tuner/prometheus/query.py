@@ -82,7 +82,7 @@ def query_at(url: str, timeout_s: float = 5.0, *, verify: TLSVerify = VERIFIED,
 
 
 # A PromQL annotation ("PromQL info: ..." or "PromQL warning: ...", Prometheus 2.46 and
-# later; infos in their own list from 2.50) is about how the query read the series it
+# later; infos in a list of their own in newer releases) is about how the query read the series it
 # had (a bucket set fixed for monotonicity, a name that may not be a counter), not data
 # missing: held on it, the loop could wait forever on a rule that reads fine.
 _ANNOTATION = "PromQL "
