@@ -245,3 +245,46 @@ def test_the_timeline_marks_each_commit_and_each_restore_or_miss() -> None:
     marks = {round(line.get_xdata()[0], 1) for line in fig.axes[0].get_lines()
              if line.get_label() in ("commit", "SLO restored", "SLO missed again")}
     assert marks == {1.5, 2.5, 3.0}
+
+
+def test_the_timeline_marks_each_episodes_alert() -> None:
+    """The README says "you see the alert fire", and the timeline had no alert on it: the
+    printed line was the only place it showed. Each episode's first alert is marked."""
+    from slopilot.tuner.local.demo_episodes import Episode
+    from slopilot.tuner.local.demo_report import events_of, timeline_figure
+    from slopilot.tuner.local.demo_story import DemoResult
+
+    first = Episode(1, 1.2, 1.2, "SlopilotTBTP99High[p0,critical]", ("p0",))
+    first.acted("commit", 2.0, {"chunk_size": 256}, 1)
+    quiet = Episode(2, 2.5, None, "", ("p0",))  # opened with no alert firing
+    result = DemoResult(report=Path("report.md"), episodes=[first, quiet])
+    events = events_of(result)
+    assert (1.2, "alert") in events and not any(x == 2.5 for x, _ in events)
+    fig = timeline_figure(SAMPLES, SLO, shift_at_s=1.0, subject=SUBJECT, events=events)
+    legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert "alert fired" in legend, legend
+    marks = [line.get_xdata()[0] for line in fig.axes[0].get_lines()
+             if line.get_label() == "alert fired"]
+    assert marks == [1.2]
+
+
+def test_the_timeline_breaks_its_lines_where_no_sample_was_taken() -> None:
+    """A tick that took 24.5 s left no sample between t+134.5 and t+159.1, and the
+    timeline drew straight lines across it as if measured. The lines break where samples
+    stand much further apart than the loop's usual step, and the gap is shaded and said."""
+    from slopilot.tuner.local.demo_report import timeline_figure
+
+    times = [1.0, 2.0, 3.0, 4.0, 28.5, 29.5, 30.5]
+    samples = [Sample(t_s=t, p99_ms={"p1_ttft_p99_ms": 100.0}, token_budget=512,
+                      chunk_size=256, replicas=1, trial=None) for t in times]
+    fig = timeline_figure(samples, SLO, shift_at_s=2.0, subject=SUBJECT)
+    ax_lat = fig.axes[0]
+    line = next(x for x in ax_lat.get_lines() if x.get_label() == "P1 TTFT P99")
+    xs, ys = list(line.get_xdata()), list(line.get_ydata())
+    between = [y for x, y in zip(xs, ys, strict=True) if 4.0 < x < 28.5]
+    assert between and all(y != y for y in between), (xs, ys)  # NaN: the line breaks
+    legend = [t.get_text() for t in ax_lat.get_legend().get_texts()]
+    assert any(label.startswith("no sample") for label in legend), legend
+    steady = timeline_figure(SAMPLES, SLO, shift_at_s=1.0, subject=SUBJECT)
+    assert not any(t.get_text().startswith("no sample")
+                   for t in steady.axes[0].get_legend().get_texts())

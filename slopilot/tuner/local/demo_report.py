@@ -10,6 +10,7 @@ shift is a dashed line. The suptitle names the scenario, the twin and the run.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -51,6 +52,7 @@ class Sample:
 
 
 _EVENTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "alert": ("alert fired", {"color": "tab:red", "ls": "-."}),
     "commit": ("commit", {"color": "tab:green", "ls": "-"}),
     "scale": ("scale", {"color": "tab:green", "ls": "-."}),
     "restored": ("SLO restored", {"color": "tab:green", "ls": ":"}),
@@ -59,9 +61,12 @@ _EVENTS: dict[str, tuple[str, dict[str, Any]]] = {
 
 
 def events_of(result: DemoResult) -> list[tuple[float, str]]:
-    """Each episode's commit or scale and its verdicts, for the timeline."""
+    """Each episode's first alert, its commit or scale and its verdicts, for the
+    timeline."""
     out: list[tuple[float, str]] = []
     for e in result.episodes:
+        if e.alert_at_s is not None:
+            out.append((e.alert_at_s, "alert"))
         if e.action in ("commit", "scale") and e.action_at_s is not None:
             out.append((e.action_at_s, e.action))
         out += [(v.at_s, v.kind) for v in e.verdicts]
@@ -107,13 +112,45 @@ def _trial_labels(spans: Sequence[tuple[float, float, TrialMark]], *,
     return out
 
 
+# Samples this many of the loop's usual steps apart (their median) took no sample between
+# them: a tick that ran long (a study's ask, a slow apply) on a busy machine.
+GAP_STEPS = 5.0
+
+
+def sample_gaps(t: Sequence[float]) -> list[tuple[float, float]]:
+    """The spans between samples that stand ``GAP_STEPS`` usual steps apart or more."""
+    steps = [b - a for a, b in itertools.pairwise(t)]
+    if not steps:
+        return []
+    usual = sorted(steps)[len(steps) // 2]
+    return [(a, b) for a, b in itertools.pairwise(t)
+            if usual > 0 and b - a >= GAP_STEPS * usual]
+
+
+def _broken(t: Sequence[float], y: Sequence[float],
+            gaps: Sequence[tuple[float, float]]) -> tuple[list[float], list[float]]:
+    """``t`` and ``y`` with a NaN inside each gap, so a line is not drawn across it as if
+    measured there."""
+    starts = {a: b for a, b in gaps}
+    xs: list[float] = []
+    ys: list[float] = []
+    for x, v in zip(t, y, strict=True):
+        xs.append(x)
+        ys.append(v)
+        if x in starts:
+            xs.append((x + starts[x]) / 2)
+            ys.append(math.nan)
+    return xs, ys
+
+
 def timeline_figure(samples: list[Sample], slo: SLOSpec, shift_at_s: float, *,
                     subject: PlotSubject, busy: Sequence[tuple[float, float]] = (),
                     events: Sequence[tuple[float, str]] = ()) -> Any:
     """The demo's timeline: each class's P99s against its SLO, the stable knobs with each
     trial shaded and named (``trial_spans``), and the replicas; the load's shift marked
-    across all three, the spans the machine was busy (``machine_load.py``) shaded on the
-    P99s, and there each of ``events`` (``commit``, ``scale``, ``restored``, ``missed``:
+    across all three, the spans the machine was busy (``machine_load.py``) and those no
+    sample was taken in (``sample_gaps``) shaded on the P99s, and there each of
+    ``events`` (``alert``, ``commit``, ``scale``, ``restored``, ``missed``:
     ``events_of``)."""
     import matplotlib
 
@@ -122,6 +159,7 @@ def timeline_figure(samples: list[Sample], slo: SLOSpec, shift_at_s: float, *,
     from matplotlib.patches import Patch
 
     t = [s.t_s for s in samples]
+    gaps = sample_gaps(t)
     fig, (ax_lat, ax_knob, ax_rep) = plt.subplots(3, 1, figsize=(10, 9), sharex=True,
                                                   gridspec_kw={"height_ratios": [3, 2, 1]})
     colors = {Priority.P0: "tab:red", Priority.P1: "tab:blue", Priority.P2: "tab:gray"}
@@ -135,7 +173,7 @@ def timeline_figure(samples: list[Sample], slo: SLOSpec, shift_at_s: float, *,
             continue
         for key, style, bound in (("ttft", "-", cls.ttft_p99_ms), ("tbt", ":", cls.tbt_p99_ms)):
             note = " (best effort, no SLO)" if bound is None else ""
-            ax_lat.plot(t, series[key], style, color=colors[p],
+            ax_lat.plot(*_broken(t, series[key], gaps), style, color=colors[p],
                         label=f"{c.upper()} {key.upper()} P99{note}")
             if bound is not None:
                 ax_lat.axhline(bound, ls=style, color=colors[p], alpha=0.35, lw=1)
@@ -143,6 +181,10 @@ def timeline_figure(samples: list[Sample], slo: SLOSpec, shift_at_s: float, *,
         # The P99s of these spans may be the machine's load: said where they are drawn.
         ax_lat.axvspan(a, b, color="tab:orange", alpha=0.15, lw=0,
                        label="machine busy (other processes' CPU)" if i == 0 else None)
+    for i, (a, b) in enumerate(gaps):
+        ax_lat.axvspan(a, b, color="k", alpha=0.07, lw=0, hatch="//",
+                       label="no sample taken (a tick ran long)" if i == 0
+                       else None)
     named: set[str] = set()
     for x, kind in events:
         label, look = _EVENTS[kind]
