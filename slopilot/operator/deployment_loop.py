@@ -65,7 +65,7 @@ from slopilot.operator.controller_build import build
 from slopilot.operator.crd import API_VERSION, PLURAL
 from slopilot.operator.daemon import ControllerFactory, operator_metrics
 from slopilot.operator.decision_events import post_decision
-from slopilot.operator.knobs import tuned_on
+from slopilot.operator.knobs import committed_record, trial_recorded, tuned_on
 from slopilot.operator.kube_handle import KubeDeploymentHandle
 from slopilot.operator.kubeapi import Kube
 from slopilot.operator.loop_status import on_record, rebase_episode, status_after
@@ -77,7 +77,7 @@ from slopilot.operator.policy import OperatorPolicy, policy_problems
 from slopilot.operator.reconcile import not_reconciled
 from slopilot.operator.scrape_status import ScrapeCheck, scrape_event
 from slopilot.operator.slo_status import WindowFigures
-from slopilot.operator.spec import SpecError, parse_spec
+from slopilot.operator.spec import Backend, SpecError, parse_spec
 from slopilot.operator.status_writer import write_status
 from slopilot.operator.study_cleanup import delete_studies
 from slopilot.operator.tokens import TokenMint
@@ -137,6 +137,11 @@ class DeploymentLoop:
         self.unwritten_since: float | None = None
         """When the status writes began to fail in a row (``STATUS_GIVE_UP_S``)."""
         self.unwritten_error = ""
+        self.taken_back: Any = None
+        """The trial's ``status.tunedConfig`` record whose config the status-unwritable
+        end took off a vLLM Deployment (``_end_unrecorded_trial``): the write that next
+        takes reduces it to its committed record in the same patch, or a reconcile
+        between the loop's state and the record rendered the trial again."""
         self.figures: WindowFigures | None = None
         self.scrapes: ScrapeCheck | None = None
         self.twin = TwinTracker(kube, namespace, name, clock)
@@ -366,8 +371,13 @@ class DeploymentLoop:
             if now != self.on_record:
                 found.append(now)
                 return None
-            return status_after(fresh, controller, decision, action_time, self.storage,
-                                ready)
+            status = status_after(fresh, controller, decision, action_time, self.storage,
+                                  ready)
+            tuned = (fresh.get("status") or {}).get("tunedConfig")
+            if self.taken_back is not None and tuned == self.taken_back:
+                reduced = committed_record(tuned)
+                status["tunedConfig"] = None if reduced is None else replacing(reduced, tuned)
+            return status
 
         try:
             written = write_status(self.kube, self.namespace, self.name, build_status)
@@ -377,7 +387,7 @@ class DeploymentLoop:
                         type(exc).__name__, exc)
             self._unrecorded(exc)
             return False
-        self.unwritten = None
+        self.unwritten, self.taken_back = None, None
         if self.unwritten_since is not None:
             self.logger.info("the status is written again after %.0f s of failed writes",
                              self.clock() - self.unwritten_since)
@@ -431,10 +441,16 @@ class DeploymentLoop:
             # Sent, not recorded: apply_config records status.tunedConfig first, which
             # the status refuses as it refuses the loop's writes.
             try:
-                self.handle.take_back(whole, _ran_on(loop, self.handle.body()).backend)
+                body = self.handle.body()
+                backend = _ran_on(loop, body).backend
+                self.handle.take_back(whole, backend)
             except Exception:  # the sync puts the pods right once the status is written
                 log.exception("%s: could not put the episode's config back after trial %d",
                               self.key, trial.number)
+            else:
+                tuned = (body.get("status") or {}).get("tunedConfig")
+                if backend == Backend.VLLM.value and trial_recorded(body):
+                    self.taken_back = tuned
         self.logger.warning("%s", reason)
 
     def _overtaken(self, theirs: Any, why: str) -> None:

@@ -83,21 +83,58 @@ def vllm_max_num_seqs(config: EngineConfig) -> int:
     return config.effective_max_num_seqs
 
 
+PREFIX_CACHING_FLAGS = ("--enable-prefix-caching", "--no-enable-prefix-caching")
+
+
+def _knob_values(c: EngineConfig) -> dict[str, str]:
+    """The value of each vLLM flag that carries a tuned knob (``VLLM_APPLIES``)."""
+    return {"--max-num-batched-tokens": str(c.effective_budget),
+            "--long-prefill-token-threshold": str(c.chunk_size),
+            "--max-num-seqs": str(vllm_max_num_seqs(c)), "--block-size": str(c.block_size)}
+
+
+def _prefix_caching(c: EngineConfig) -> str:
+    return PREFIX_CACHING_FLAGS[0] if c.enable_prefix_caching else PREFIX_CACHING_FLAGS[1]
+
+
 def vllm_args(spec: LLMDeploymentSpec) -> tuple[list[str], tuple[str, ...]]:
     """vLLM's arguments for the knobs, and the knobs set in the spec that vLLM lacks."""
     c = spec.engine
+    v = _knob_values(c)
     args = [spec.model_ref, "--served-model-name", spec.model_name, "--port", str(VLLM_PORT),
-            "--max-num-batched-tokens", str(c.effective_budget),
-            "--enable-chunked-prefill", "--long-prefill-token-threshold", str(c.chunk_size),
-            "--max-num-seqs", str(vllm_max_num_seqs(c)), "--scheduling-policy", "priority",
-            "--block-size", str(c.block_size),
-            "--enable-prefix-caching" if c.enable_prefix_caching else "--no-enable-prefix-caching"]
+            "--max-num-batched-tokens", v["--max-num-batched-tokens"],
+            "--enable-chunked-prefill",
+            "--long-prefill-token-threshold", v["--long-prefill-token-threshold"],
+            "--max-num-seqs", v["--max-num-seqs"], "--scheduling-policy", "priority",
+            "--block-size", v["--block-size"], _prefix_caching(c)]
     if spec.gpu > 1:
         args += ["--tensor-parallel-size", str(spec.gpu)]
     lacking = [k for k in VLLM_LACKS if k in spec.explicit_knobs]
     if c.preemption_mode is PreemptionMode.RECOMPUTE and "preemption_mode" in lacking:
         lacking.remove("preemption_mode")  # vLLM's only mode: what was asked for
     return args, tuple(lacking)
+
+
+def with_vllm_knobs(args: list[str], config: EngineConfig) -> list[str]:
+    """``args``, a rendered vLLM container's, with ``config``'s knobs in place of the ones
+    they carry, every other argument (model, port, parallelism) as rendered. ValueError
+    naming a knob's flag that ``args`` lacks: not arguments this operator rendered."""
+    out = list(args)
+    for flag, value in _knob_values(config).items():
+        if flag not in out[:-1]:
+            raise ValueError(f"the vLLM arguments have no {flag} <value>")
+        out[out.index(flag) + 1] = value
+    where = [i for i, a in enumerate(out) if a in PREFIX_CACHING_FLAGS]
+    if len(where) != 1:
+        raise ValueError(f"the vLLM arguments have not one of {' or '.join(PREFIX_CACHING_FLAGS)}")
+    out[where[0]] = _prefix_caching(config)
+    return out
+
+
+def vllm_checksum(args: list[str], meter: list[str]) -> str:
+    """The pod template's ``CHECKSUM_ANNOTATION`` on vLLM: its engine's arguments and its
+    meter's command."""
+    return _checksum({"vllm": args, "meter": meter})
 
 
 def _resources(spec: LLMDeploymentSpec) -> dict[str, Any]:
@@ -227,7 +264,7 @@ def render_deployment(body: Mapping[str, Any], spec: LLMDeploymentSpec,
                     {"name": "meter-tmp", "emptyDir": {}},
                     {"name": "engine-config", "configMap": {"name": f"{name}-engine"}}]
         # Not the SLO: the meter re-reads the file. Its class is on its command line.
-        checksum = _checksum({"vllm": vllm_args(spec)[0], "meter": meter_command(spec)})
+        checksum = vllm_checksum(vllm_args(spec)[0], meter_command(spec))
     if spec.model_volume is not None:
         volumes.append(pod_volume(spec.model_volume))
     engine = _container(spec, admin_token_sha256, images.engine(spec.backend))

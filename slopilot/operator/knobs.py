@@ -261,12 +261,21 @@ def left_trial_reduced(body: Mapping[str, Any]) -> dict[str, Any]:
     tuned = _recorded(body)
     if tuned is None or tuned.get("trial") is not True or moved_from(tuned, body) is None:
         return {}
+    reduced = committed_record(tuned)
+    return {"tunedConfig": None if reduced is None else replacing(reduced, tuned)}
+
+
+def committed_record(tuned: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A trial's ``status.tunedConfig`` record reduced to its committed record: the
+    committed knobs it keeps as the record's, stamped as before (tuned from the same
+    spec, on the same backend and model), the trial's keys taken out; None where nothing
+    was committed beneath. Written as a merge patch, replace it whole (``replacing``)."""
     committed = tuned.get("committed")
     if not isinstance(committed, dict):
-        return {"tunedConfig": None}
+        return None
     reduced = {k: v for k, v in tuned.items() if k not in ("trial", "committed")}
     reduced["engine"] = dict(committed)
-    return {"tunedConfig": replacing(reduced, tuned)}
+    return reduced
 
 
 def trial_recorded(body: Mapping[str, Any]) -> bool:

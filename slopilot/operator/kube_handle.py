@@ -47,6 +47,7 @@ from typing import Any
 import httpx
 
 from slopilot.engine.config import EngineConfig
+from slopilot.operator import vllm_take_back
 from slopilot.operator.config_sync import ConfigSync, ConfigSyncer
 from slopilot.operator.crd import API_VERSION, KIND, PLURAL
 from slopilot.operator.engine_deployment import vllm_max_num_seqs
@@ -397,16 +398,24 @@ class KubeDeploymentHandle:
     def take_back(self, config: Mapping[str, Any], backend: str) -> list[str]:
         """Every ready pod that runs other knobs sent ``config``, a whole engine config
         from the operator's own record (an episode's, kept under a spec it accepted),
-        where the spec is refused now: a trial's config the operator put on the pods is
-        taken off them, and nothing of the refused spec is sent, nor recorded
-        (``status.tunedConfig`` is put right by the first sync of a spec it accepts).
-        ``backend`` is the one the pods run, from that same record: the refused spec's
-        is not read (one naming vLLM while the reconcile, refusing it, left the built-in
-        pods as they were, said there was nothing to take back). The pods sent it; none
-        for vLLM, whose knobs are arguments no pod takes. ApplyError naming each pod
-        that did not take it; ConfigError for a config the engine refuses."""
-        if backend != Backend.BUILTIN.value:
-            return []
+        where it cannot be recorded now (a refused spec, a status that takes no write):
+        a trial's config the operator put on the pods is taken off them, and nothing of
+        the refused spec is sent, nor recorded (``status.tunedConfig`` is put right by
+        the first sync of a spec it accepts). ``backend`` is the one the pods run, from
+        that same record: the refused spec's is not read (one naming vLLM while the
+        reconcile, refusing it, left the built-in pods as they were, said there was
+        nothing to take back). On vLLM, whose knobs are arguments no pod takes, the
+        Deployment's are patched, and stamped so that no reconcile renders the trial's
+        record again (vllm_take_back.py). What was sent the config: pods, or the
+        Deployment (none where all ran it already). ApplyError naming each pod that did
+        not take it, or why the Deployment was not patched; ConfigError for a config
+        the engine refuses."""
+        if backend == Backend.VLLM.value:
+            body = self.body()
+            with self.guard():  # the reconciles' lock: a repair renders after, not during
+                rolled = vllm_take_back.take_back(self.kube, self.namespace, self.name,
+                                                  self._uid(), config, body.get("status"))
+            return [f"Deployment/{self.name}"] if rolled else []
         body = self.body()
         engine = EngineConfig().with_overrides(config)
         want, token = engine.to_dict(), self.mint.for_body(body)

@@ -76,6 +76,7 @@ from slopilot.operator.service_monitor import latency_sources
 from slopilot.operator.spec import Backend, LLMDeploymentSpec, SpecError, parse_spec
 from slopilot.operator.tokens import TokenMint
 from slopilot.operator.validation import deployment_name_problem, quantity_problem
+from slopilot.operator.vllm_take_back import rendered_body
 from slopilot.tuner.prometheus.alert_table import AlertAdvice
 from slopilot.tuner.prometheus.rules import render_prometheus_rule, render_rules_yaml
 
@@ -443,6 +444,9 @@ def not_reconciled(kube: Kube, body: Mapping[str, Any], spec: LLMDeploymentSpec
 def reconcile(kube: Kube, body: Mapping[str, Any], *, policy: OperatorPolicy,
               mint: TokenMint) -> Outcome:
     """Parse, check, render and apply; a refused spec touches nothing and says why."""
+    # A trial's record the operator took off a vLLM Deployment, and could not replace
+    # (the status took no write), is not rendered again (vllm_take_back.py).
+    body = rendered_body(kube, body)
     try:
         spec = parse_spec(body)
     except SpecError as exc:

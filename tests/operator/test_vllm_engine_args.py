@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from slopilot.operator.engine_deployment import vllm_args
+from slopilot.operator.engine_deployment import vllm_args, with_vllm_knobs
 from slopilot.operator.images import DEFAULT_IMAGES
 from slopilot.operator.render import render_all
 from slopilot.operator.spec import Backend, LLMDeploymentSpec, SpecError, parse_spec
@@ -117,3 +117,22 @@ def test_block_size_8_is_passed_with_a_warning_about_the_default_backend() -> No
     assert any("spec.engine.blockSize=8" in w and "multiple of 16" in w
                for w in spec.warnings), spec.warnings
     assert _spec(engine={"blockSize": 32}).warnings == ()
+
+
+def test_a_config_put_in_rendered_arguments_is_that_config_as_rendered() -> None:
+    """The take-back (vllm_take_back.py) puts an episode's config in the arguments the
+    last accepted spec rendered: the result is what that spec renders with the config,
+    its other arguments (model, parallelism) kept."""
+    first, second = _spec(gpu=2), _spec(gpu=2, engine={
+        "tokenBudget": 2048, "chunkSize": 256, "maxNumSeqs": 64, "blockSize": 32,
+        "enablePrefixCaching": False})
+    assert vllm_args(first)[0] != vllm_args(second)[0]
+    assert with_vllm_knobs(vllm_args(first)[0], second.engine) == vllm_args(second)[0]
+    assert with_vllm_knobs(vllm_args(second)[0], first.engine) == vllm_args(first)[0]
+
+
+def test_arguments_the_operator_did_not_render_are_not_rewritten() -> None:
+    args = vllm_args(_spec())[0]
+    for lost in ("--max-num-seqs", "--enable-prefix-caching"):
+        with pytest.raises(ValueError, match=lost):
+            with_vllm_knobs([a for a in args if a != lost], _spec().engine)

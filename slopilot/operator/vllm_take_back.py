@@ -1,0 +1,129 @@
+"""A trial's knobs taken off a vLLM Deployment, from the operator's own record.
+
+vLLM's knobs are its engine container's arguments, rendered from ``status.tunedConfig``,
+where a trial on every replica is recorded as a trial's (``knobs.tuned_record``). Where
+the operator ends a trial with no controller's verdict and cannot record the committed
+config in its place, the trial's arguments stayed on every replica until the next
+accepted rollout: under a spec the reconcile refuses (it renders nothing), and under a
+status that takes no write (``deployment_loop.STATUS_GIVE_UP_S``), whose trial record
+each reconcile rendered again. So ``take_back``:
+
+- patches the Deployment's engine arguments for the tuned knobs to the episode's config,
+  which the operator kept (the loop state's, from a spec it accepted). Every other
+  argument and the rest of the template stay as the last accepted reconcile rendered
+  them: nothing of a refused spec is read. No patch where they are that config already
+  (no rollout). The template's checksum follows, as the render computes it, so the next
+  accepted render of the same config rolls nothing;
+- stamps the Deployment (``TAKEN_BACK_ANNOTATION``) with a digest of the status it was
+  taken back under (``status.tunedConfig``, the trial's record, and
+  ``status.controller``). While the CR's status is still that one, the reconcile renders
+  the record's committed config in place of the trial's (``rendered_body``): a drift
+  repair (any event of the Deployment asks one) or the spec fixed would otherwise have
+  put the trial back from the record no one could write. A write of either since (the
+  committed config recorded, the loop's next state) leaves the stamp inert.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from slopilot.engine.config import EngineConfig
+from slopilot.operator.crd import KIND
+from slopilot.operator.engine_deployment import (
+    CHECKSUM_ANNOTATION,
+    vllm_checksum,
+    with_vllm_knobs,
+)
+from slopilot.operator.knobs import committed_body, trial_recorded
+from slopilot.operator.kubeapi import ApiError, Kube
+from slopilot.operator.ownership import controlled_by
+from slopilot.operator.pod_admin import ApplyError
+from slopilot.operator.scale_stamp import record_digest
+
+TAKEN_BACK_ANNOTATION = "slopilot.dev/taken-back"
+ATTEMPTS = 4
+"""Reads and conditional patches one take-back makes at most: the Deployment
+controller's own status writes move the resourceVersion the patch is conditional on."""
+
+
+def status_digest(status: Any) -> str:
+    """The stamp for the CR's ``status`` as read: its trial record and loop state."""
+    status = status if isinstance(status, Mapping) else {}
+    return record_digest({"tunedConfig": status.get("tunedConfig"),
+                          "controller": status.get("controller")})
+
+
+def take_back(kube: Kube, namespace: str, name: str, uid: str,
+              config: Mapping[str, Any], status: Any) -> bool:
+    """Put ``config`` (a whole engine config, the operator's record of the episode's)
+    in the vLLM arguments of the Deployment this CR (``uid``) controls, stamped over
+    ``status`` (the CR's, as read) where it records a trial's config; whether the
+    arguments were changed (a rollout). ApplyError where there is no such Deployment,
+    its arguments are not the operator's render, or the API refuses the patch."""
+    engine = EngineConfig().with_overrides(config)
+    tuned = status.get("tunedConfig") if isinstance(status, Mapping) else None
+    stamp = status_digest(status) if isinstance(tuned, Mapping) \
+        and tuned.get("trial") is True else None
+    for _ in range(ATTEMPTS):
+        dep = kube.get("apps/v1", "deployments", namespace, name)
+        if dep is None or not controlled_by(dep, KIND, uid):
+            raise ApplyError(f"{name}: no Deployment/{name} of this LLMDeployment to take "
+                             "the trial's vLLM arguments off")
+        meta, template = dep["metadata"], dep["spec"]["template"]
+        containers = template["spec"]["containers"]
+        engine_at = next((i for i, c in enumerate(containers) if c.get("name") == "engine"),
+                         None)
+        if engine_at is None:
+            raise ApplyError(f"{name}: Deployment/{name} has no engine container")
+        args = list(containers[engine_at].get("args") or [])
+        try:
+            new = with_vllm_knobs(args, engine)
+        except ValueError as exc:
+            raise ApplyError(f"{name}: Deployment/{name}'s engine container: {exc}; the "
+                             "trial's arguments stay until the spec is accepted") from None
+        stamped = (meta.get("annotations") or {}).get(TAKEN_BACK_ANNOTATION)
+        if new == args and (stamp is None or stamped == stamp):
+            return False
+        patch: dict[str, Any] = {"metadata": {
+            "uid": meta.get("uid"), "resourceVersion": meta.get("resourceVersion")}}
+        if stamp is not None:
+            patch["metadata"]["annotations"] = {TAKEN_BACK_ANNOTATION: stamp}
+        if new != args:
+            # A merge patch replaces a list whole: every container as it is, the engine's
+            # arguments changed.
+            sent = [dict(c, args=new) if i == engine_at else c
+                    for i, c in enumerate(containers)]
+            meter = next((c.get("command") or [] for c in containers
+                          if c.get("name") == "meter"), [])
+            patch["spec"] = {"template": {
+                "metadata": {"annotations": {CHECKSUM_ANNOTATION: vllm_checksum(new, list(meter))}},
+                "spec": {"containers": sent}}}
+        try:
+            kube.patch("apps/v1", "deployments", namespace, name, patch)
+        except ApiError as exc:
+            if exc.status == 409:
+                continue  # the Deployment moved since the read: judged again
+            raise ApplyError(f"{name}: the trial's vLLM arguments not taken off "
+                             f"Deployment/{name}: {exc}") from None
+        return new != args
+    raise ApplyError(f"{name}: Deployment/{name} changed between each of {ATTEMPTS} reads "
+                     "and its conditional patch: the trial's vLLM arguments are taken off "
+                     "at the next try")
+
+
+def rendered_body(kube: Kube, body: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``body`` as the reconcile renders it: where its ``status.tunedConfig`` records a
+    trial whose arguments were taken off the Deployment under this very status (the
+    stamp), with that record reduced to its committed config (module docstring)."""
+    if not trial_recorded(body):
+        return body
+    meta = body["metadata"]
+    dep = kube.get("apps/v1", "deployments", meta["namespace"], meta["name"])
+    if dep is None or not controlled_by(dep, KIND, str(meta.get("uid"))):
+        return body
+    stamped = ((dep.get("metadata") or {}).get("annotations") or {}).get(
+        TAKEN_BACK_ANNOTATION)
+    if stamped != status_digest(body.get("status")):
+        return body
+    return committed_body(body)

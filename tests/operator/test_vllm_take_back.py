@@ -1,0 +1,166 @@
+"""A vLLM trial the operator ends without a controller's verdict leaves the Deployment.
+
+vLLM's knobs are its container's arguments, rendered from ``status.tunedConfig``: no
+pod takes a ``PUT``. A trial ended because the spec is now refused, the study's storage
+is unreadable, or the status has taken no write for ``STATUS_GIVE_UP_S`` has its
+arguments put back to the episode's config on the Deployment, and no reconcile (a drift
+repair, the spec fixed) renders the trial's again (vllm_take_back.py,
+deployment_loop.py)."""
+
+# CustomObjectsApi (client 37) returns ``object``; the bodies are dicts.
+# mypy: disable-error-code="index"
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slopilot.operator.crd import crd_manifest
+from slopilot.operator.deployment_loop import STATUS_GIVE_UP_S, DeploymentLoop
+from slopilot.operator.policy import OperatorPolicy
+from slopilot.operator.reconcile import reconcile
+from tests.operator.operator_support import NS, Cluster, llmd, operator_mint
+from tests.operator.standins import PrometheusStandIn
+from tests.operator.test_status_unwritable import Webhook, _loop
+from tests.operator.test_tuned_config_belongs import arg, vllm_args
+from tests.operator.test_unbuilt_trial import _on_clock
+from tests.support.kube_server import RunningEmulator
+
+KNOB_FLAGS = ("--max-num-batched-tokens", "--long-prefill-token-threshold",
+              "--max-num-seqs", "--block-size")
+
+
+def knob_args(cluster: Cluster) -> dict[str, str]:
+    args = vllm_args(cluster.kube.client)
+    return {flag: arg(args, flag) for flag in KNOB_FLAGS}
+
+
+def vllm_cr(kube: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
+            tmp_path: Path) -> tuple[dict[str, Any], OperatorPolicy]:
+    """A reconciled vLLM CR tuning on a SQLite study, a retune alert firing."""
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    policy = OperatorPolicy(allowed_storage=(storage,))
+    kube.install(crd_manifest())
+    body = cluster.create(llmd(backend="vllm", prometheus={"url": prom.url},
+                               tuning={"window": "1h", "storage": storage}))
+    assert reconcile(cluster.kube, body, policy=policy, mint=operator_mint(cluster)).valid
+    prom.fire("SlopilotTTFTP99High", "retune", "chat", NS)
+    return body, policy
+
+
+def trial_started(loop: DeploymentLoop, cluster: Cluster) -> tuple[dict[str, str], int]:
+    """The episode's arguments, then the first step's trial (its arguments differ)."""
+    before = knob_args(cluster)
+    assert loop.step()
+    trial = cluster.status()["controller"]["trial"]
+    assert trial is not None and cluster.status()["tunedConfig"].get("trial") is True
+    assert knob_args(cluster) != before
+    return before, int(trial["config"]["max_num_seqs"])
+
+
+def repaired(cluster: Cluster, policy: OperatorPolicy) -> None:
+    """A drift repair, as any event of the Deployment asks one (handlers.repair)."""
+    reconcile(cluster.kube, cluster.get(), policy=policy, mint=operator_mint(cluster))
+
+
+def test_a_refused_edit_mid_trial_puts_the_episodes_arguments_back(
+        kube: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    body, policy = vllm_cr(kube, cluster, prom, tmp_path)
+    now = [1_000_000.0]
+    loop = _on_clock(cluster, body, monkeypatch, policy, now)
+    before, value = trial_started(loop, cluster)
+    cluster.patch("chat", {"spec": {"tuning": {"bounds": {
+        "maxNumSeqs": {"min": value - 20, "max": value + 20}}}}})
+    now[0] += 60.0
+    assert loop.step()
+    assert loop.controller is None
+    assert knob_args(cluster) == before
+    version = cluster.kube.get("apps/v1", "deployments", NS, "chat")["metadata"][
+        "resourceVersion"]
+    now[0] += 600.0
+    assert loop.step()  # already back: no second patch, no rollout
+    assert cluster.kube.get("apps/v1", "deployments", NS, "chat")["metadata"][
+        "resourceVersion"] == version
+    # Fixed: the spec's reconcile renders the episode's config, not the trial's record.
+    cluster.patch("chat", {"spec": {"tuning": {"bounds": None}}})
+    repaired(cluster, policy)
+    assert knob_args(cluster) == before
+    now[0] += 60.0
+    assert loop.step()
+    assert knob_args(cluster) == before
+    assert (cluster.status().get("tunedConfig") or {}).get("trial") is not True
+
+
+def test_a_study_unreadable_mid_trial_puts_the_episodes_arguments_back(
+        kube: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    body, policy = vllm_cr(kube, cluster, prom, tmp_path)
+    now = [1_000_000.0]
+    first = _on_clock(cluster, body, monkeypatch, policy, now)
+    before, _ = trial_started(first, cluster)
+    first.close()
+    db = tmp_path / "study.db"
+    shutil.move(db, tmp_path / "saved.db")
+    db.write_bytes(b"not a database" * 100)
+    second = _on_clock(cluster, body, monkeypatch, policy, now)
+    now[0] += 60.0
+    assert second.step()
+    assert second.controller is None
+    assert knob_args(cluster) == before
+    repaired(cluster, policy)
+    assert knob_args(cluster) == before
+
+
+def test_a_status_never_written_puts_the_episodes_arguments_back_for_good(
+        kube: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    body, policy = vllm_cr(kube, cluster, prom, tmp_path)
+    hook, now = Webhook(cluster.kube), [1_000_000.0]
+    loop = _loop(cluster, body, policy, hook, monkeypatch, now)
+    before, _ = trial_started(loop, cluster)
+    trial_args = knob_args(cluster)
+    hook.on = True
+    now[0] += 60.0
+    assert loop.step()
+    assert knob_args(cluster) == trial_args  # not yet
+    now[0] += STATUS_GIVE_UP_S
+    assert loop.step()
+    assert knob_args(cluster) == before
+    # The status still records the trial's config, which a drift repair renders from.
+    assert cluster.status()["tunedConfig"].get("trial") is True
+    repaired(cluster, policy)
+    assert knob_args(cluster) == before
+    hook.on = False  # fixed: the ended episode goes on record, the trial's config off it
+    now[0] += 60.0
+    assert loop.step()
+    assert cluster.status()["controller"].get("trial") is None
+    assert (cluster.status().get("tunedConfig") or {}).get("trial") is not True
+    repaired(cluster, policy)
+    assert knob_args(cluster) == before
+
+
+def test_arguments_not_of_the_operators_render_are_left_and_said(
+        kube: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+        caplog: pytest.LogCaptureFixture) -> None:
+    body, policy = vllm_cr(kube, cluster, prom, tmp_path)
+    now = [1_000_000.0]
+    loop = _on_clock(cluster, body, monkeypatch, policy, now)
+    _, value = trial_started(loop, cluster)
+    dep = cluster.kube.get("apps/v1", "deployments", NS, "chat")
+    containers = dep["spec"]["template"]["spec"]["containers"]
+    engine = next(c for c in containers if c["name"] == "engine")
+    engine["args"] = [a for a in engine["args"] if a != "--block-size"]  # a hand edit
+    cluster.kube.patch("apps/v1", "deployments", NS, "chat",
+                       {"spec": {"template": {"spec": {"containers": containers}}}})
+    cluster.patch("chat", {"spec": {"tuning": {"bounds": {
+        "maxNumSeqs": {"min": value - 20, "max": value + 20}}}}})
+    now[0] += 60.0
+    assert loop.step()
+    said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any("not put back" in m and "--block-size" in m for m in said), said
+    assert cluster.status()["controller"]["pending_restore"] is not None  # still owed
