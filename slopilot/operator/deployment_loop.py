@@ -23,8 +23,10 @@ deployment's measured P99s and SLO attainment go to ``status`` too (slo_status.p
   (a warning, which kopf posts as an event) and counted
   (``slopilot_status_write_failures_total``); after ``STATUS_GIVE_UP_S`` of failed
   writes the trial on the pods is ended, told failed in its study (``status_unwritable``)
-  and the episode's config sent back to the pods, and a restarted operator that finds
-  it still on record does not resume it (``trial_ends.end_told``).
+  and the episode's config sent back to the pods (on vLLM, its Deployment's arguments,
+  stamped so that no reconcile renders the trial's record again: vllm_take_back.py; the
+  write that next takes reduces that record to its committed config), and a restarted
+  operator that finds it still on record does not resume it (``trial_ends.end_told``).
 - One writer of the loop's state: each write of ``status.controller`` is made only over
   the state this daemon built its controller from or last wrote there. Another found
   there is another writer's (a second operator replica's daemon, before the peering
@@ -48,7 +50,8 @@ deployment's measured P99s and SLO attainment go to ``status`` too (slo_status.p
   a spec or a policy the operator refuses), the trial on record is ended, its config
   taken off the pods, and told failed in its study by the next build, never judged on a
   window that watched nothing (``_unbuilt``, trial_ends.py); under a refused spec, which
-  the sync does not touch, only that owed config goes to the pods (``_take_back``).
+  the sync does not touch, only that owed config goes to the pods (``_take_back``; on
+  vLLM, to its Deployment's arguments: vllm_take_back.py).
 
 The controller comes from controller_build.py, the status it writes from loop_status.py.
 """

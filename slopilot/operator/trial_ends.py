@@ -13,7 +13,8 @@ operator rather than from the loop's steps:
   episode's config is owed to the pods (``pending_restore``): the daemon's sync brings
   them to the committed config at once where the spec is accepted, and where it is not,
   to the episode's config over the last spec the operator accepted
-  (``DeploymentLoop._take_back``); the controller built next applies it before anything
+  (``DeploymentLoop._take_back``; on vLLM, the Deployment's arguments:
+  vllm_take_back.py); the controller built next applies it before anything
   else (``restore.py``) and the episode goes on.
 - The study's storage switched (``spec.tuning.storage`` edited, or
   ``SLOPILOT_DEFAULT_STORAGE`` changed under a CR that names none) while a trial or an
