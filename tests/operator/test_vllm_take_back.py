@@ -61,6 +61,10 @@ def trial_started(loop: DeploymentLoop, cluster: Cluster) -> tuple[dict[str, str
     return before, int(trial["config"]["max_num_seqs"])
 
 
+def template(cluster: Cluster) -> dict[str, Any]:
+    return cluster.kube.get("apps/v1", "deployments", NS, "chat")["spec"]["template"]
+
+
 def repaired(cluster: Cluster, policy: OperatorPolicy) -> None:
     """A drift repair, as any event of the Deployment asks one (handlers.repair)."""
     reconcile(cluster.kube, cluster.get(), policy=policy, mint=operator_mint(cluster))
@@ -85,10 +89,12 @@ def test_a_refused_edit_mid_trial_puts_the_episodes_arguments_back(
     assert loop.step()  # already back: no second patch, no rollout
     assert cluster.kube.get("apps/v1", "deployments", NS, "chat")["metadata"][
         "resourceVersion"] == version
-    # Fixed: the spec's reconcile renders the episode's config, not the trial's record.
+    # Fixed: the spec's reconcile renders the episode's config, not the trial's record,
+    # and the template it renders is the one taken back (its checksum too): no rollout.
+    taken_back = template(cluster)
     cluster.patch("chat", {"spec": {"tuning": {"bounds": None}}})
     repaired(cluster, policy)
-    assert knob_args(cluster) == before
+    assert template(cluster) == taken_back
     now[0] += 60.0
     assert loop.step()
     assert knob_args(cluster) == before
