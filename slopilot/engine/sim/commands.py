@@ -97,7 +97,8 @@ def _simulate(args: argparse.Namespace) -> int:
     config = scenario.engine_config().with_overrides(overrides)
     # After the figures, as the profile's warnings: they qualify what the table says.
     for warning in (_too_long(scenario, config, run.summary), _cut(args, scenario),
-                    _thin(scenario, records), _pace(args, scenario, workload)):
+                    _thin(scenario, records), *_doubts(scenario, records),
+                    _pace(args, scenario, workload)):
         if warning is not None:
             print(f"slopilot simulate: warning: {warning}", file=sys.stderr)
     if watch is not None and scenario.profile is not None:
@@ -135,6 +136,14 @@ def _thin(scenario: Any, records: list[Any] | None) -> str | None:
         return None
     out = thin(scenario.workload, records)
     return None if out is None else out.text()
+
+
+def _doubts(scenario: Any, records: list[Any] | None) -> list[str]:
+    """What the trace as read gives reason to doubt (``trace_pace.doubts``): a Mooncake
+    file in seconds, rows that repeat another; ``records``: the replay's."""
+    from slopilot.engine.sim.trace_pace import doubts
+
+    return [] if records is None else doubts(scenario.workload, records)
 
 
 def _cut(args: argparse.Namespace, scenario: Any) -> str | None:

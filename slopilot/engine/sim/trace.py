@@ -49,7 +49,13 @@ from slopilot.engine.sim.trace_formats import (
     parse_csv,
     parse_jsonl,
 )
-from slopilot.engine.sim.trace_public import MOONCAKE_BLOCK_TOKENS, parse_burstgpt, parse_mooncake
+from slopilot.engine.sim.trace_public import (
+    MOONCAKE_BLOCK_TOKENS,
+    Fractions,
+    parse_burstgpt,
+    parse_mooncake,
+)
+from slopilot.engine.sim.trace_repeats import Repeats, repeats
 from slopilot.engine.sim.trace_span import StrayGap, stray_gap
 from slopilot.engine.sim.workload import (
     DEFAULT_VOCAB_SIZE,
@@ -106,6 +112,11 @@ class Trace:
     stray: StrayGap | None
     fmt: str = "csv"
     """The format it was read as (named, or told from the file: ``FORMATS``)."""
+    repeats: Repeats | None = None
+    """Its rows that repeat an earlier row exactly (``trace_repeats.py``), kept."""
+    fractions: Fractions | None = None
+    """A Mooncake trace's timestamps with a fractional part (``Fractions``); None for
+    another format."""
 
 
 def read_trace(name_or_path: str | Path, *, fmt: str | None = None,
@@ -154,10 +165,11 @@ def load_trace(name_or_path: str | Path, *, fmt: str | None = None,
     if model is not None and fmt != "burstgpt":
         raise TraceError(f"{label}: a model filter ({excerpt(model)}) needs a trace with a "
                          f"Model column (BurstGPT's); this one is {fmt}: leave it out")
+    fractions = Fractions() if fmt == "mooncake" else None
     parsers: dict[str, Callable[[str, str, Lines], list[TraceRecord]]] = {
         "csv": parse_csv, "azure-csv": parse_azure, "jsonl": parse_jsonl,
         "burstgpt": functools.partial(parse_burstgpt, model=model),
-        "mooncake": parse_mooncake}
+        "mooncake": functools.partial(parse_mooncake, fractions=fractions)}
     parse = parsers[fmt]
     lines: Lines = array("I")
     records = parse(text, label, lines)
@@ -166,6 +178,7 @@ def load_trace(name_or_path: str | Path, *, fmt: str | None = None,
     del text
     assert len(lines) == len(records), "a parser appends each record's line"
     stray = stray_gap(records, lines, label)
+    repeated = repeats(records, lines, label)
     del lines
     records.sort(key=lambda r: r.arrival_time)  # stable: rows at one time keep their order
     t0 = records[0].arrival_time
@@ -173,7 +186,7 @@ def load_trace(name_or_path: str | Path, *, fmt: str | None = None,
     # were the read's peak.
     for i, r in enumerate(records):
         records[i] = replace(r, arrival_time=r.arrival_time - t0, index=i)
-    return Trace(records, stray, fmt)
+    return Trace(records, stray, fmt, repeated, fractions)
 
 
 def _format_of(name: str, text: str) -> str:

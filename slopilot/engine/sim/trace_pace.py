@@ -6,19 +6,35 @@ millisecond offsets read as seconds spans a thousand times its real length. 1,53
 requests over 747,074 s, 8.6 days at 0.002 req/s, held on one replica with no more than
 a "few requests" note, a verdict on next to no load that nothing tied to the time unit.
 ``simulate`` and ``tune`` print this beside their figures.
+
+The other way round, a Mooncake file converted to seconds (0.013, 0.506, 1.076) read as
+Mooncake's milliseconds replays 1000 times too fast: 60 requests over 0.03 s, and tune
+sized 5 replicas for what 1 held. Its sign is in the file: Mooncake's timestamps are
+whole milliseconds, and most of these have a fraction (``fast``). A warning, not a
+refusal: a trace of the user's own in Mooncake's form may time requests finer than a
+millisecond, and a fleet's may be that busy; the two together are said, with the fix.
+Beside both, what the file as read repeats (``trace_repeats.py``): ``doubts``.
 """
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
+from pathlib import Path
 
+from slopilot.engine.sim.distribution_spec import read_cached
 from slopilot.engine.sim.trace import TraceRecord
+from slopilot.engine.sim.trace_public import Fractions
 from slopilot.engine.sim.workload_spec import TraceSpec
 
 WINDOW_S = 60.0
 """The window a thin trace is judged against: ``tune``'s default window length, and the
 minute ``simulate``'s busiest-minute figures count."""
 _MS_SCALE = 0.001
+FAST_RATE = 100.0
+"""Requests per second, above which a Mooncake trace of mostly fractional milliseconds
+is said to look like seconds: tens of replicas' load, while a seconds file of one
+request every 10 s reads as milliseconds at 100 (Mooncake's own traces: 3-7 req/s)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,3 +83,57 @@ def span_words(seconds: float) -> str:
         if seconds >= 2 * size:
             return f"{seconds / size:,.1f} {unit}"
     return f"{seconds:,.0f} s"
+
+
+@dataclass(frozen=True, slots=True)
+class Fast:
+    """A Mooncake replay whose timestamps look like seconds: mostly fractional
+    milliseconds, at a rate past ``FAST_RATE``."""
+
+    label: str
+    requests: int
+    span_s: float
+    rows: int
+    """The rows read, of which ``fractions.count`` have a fraction."""
+    fractions: Fractions
+    scale: float
+    """The ``--time-scale`` that replays them as seconds."""
+
+    def text(self) -> str:
+        f = self.fractions
+        out = Path(self.label).with_suffix(".ms.jsonl")
+        convert = (f"jq -c '.timestamp |= (. * 1000 | round)' {shlex.quote(self.label)} > "
+                   f"{shlex.quote(str(out))}")
+        return (f"{self.label}: {f.count:,} of its {self.rows:,} timestamps are fractional "
+                f"milliseconds (line {f.line:,}: timestamp={f.value}), and read as "
+                f"Mooncake's milliseconds the replayed trace is {self.requests:,} requests "
+                f"over {self.span_s:,.3g} s at {self.requests / self.span_s:,.0f} req/s: "
+                "Mooncake's timestamps are whole milliseconds, so these look like seconds, "
+                f"replayed 1000 times too fast; if they are, give --time-scale "
+                f"{self.scale:g}, or convert them ({convert}) and give that file "
+                "(docs/traces.md)")
+
+
+def fast(spec: TraceSpec, records: list[TraceRecord]) -> Fast | None:
+    """``records`` (``spec``'s replay) where ``spec`` is a Mooncake trace whose timestamps
+    are mostly fractional and that replays past ``FAST_RATE``; None otherwise, and where
+    a ``--target-rate`` sets the pace (whatever the unit, the gaps are scaled to it)."""
+    if spec.target_rate is not None or len(records) < 2:
+        return None
+    trace = read_cached(spec.trace, spec.fmt, spec.model)
+    f = trace.fractions
+    if f is None or 2 * f.count <= len(trace.records):
+        return None
+    span = records[-1].arrival_time - records[0].arrival_time
+    if span <= 0 or len(records) / span < FAST_RATE:
+        return None
+    return Fast(spec.trace, len(records), span, len(trace.records), f,
+                (spec.time_scale or 1.0) * 1000)
+
+
+def doubts(spec: TraceSpec, records: list[TraceRecord]) -> list[str]:
+    """What ``simulate`` and ``tune`` warn of a trace as read: a Mooncake file in
+    seconds (``fast``), rows that repeat another (``trace_repeats.py``)."""
+    too_fast = fast(spec, records)
+    repeated = read_cached(spec.trace, spec.fmt, spec.model).repeats
+    return [d.text() for d in (too_fast, repeated) if d is not None]

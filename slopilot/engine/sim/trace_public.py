@@ -12,12 +12,15 @@ other formats (``trace_formats.py``), so that their errors read alike.
   milliseconds from the first request; ``hash_ids`` name the prompt's 512-token blocks,
   equal where prompts share a prefix, and are kept (``TraceRecord.prefix_blocks``) so that
   the replay's prompts share those tokens and the prefix cache sees the sharing.
+  Its timestamps are whole milliseconds: those with a fractional part are counted
+  (``Fractions``), a sign of a file converted to seconds (``trace_pace.fast``).
 """
 
 from __future__ import annotations
 
 import logging
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
 from slopilot.engine.sim.quote import excerpt
@@ -112,7 +115,28 @@ def _lower(column: str) -> str:
     return "class" if name == "priority" else name  # as the generic CSV's alias
 
 
-def parse_mooncake(text: str, label: str, lines: Lines | None = None) -> list[TraceRecord]:
+@dataclass(slots=True)
+class Fractions:
+    """Mooncake's timestamps given with a fractional part (``0.013``), counted while read:
+    its timestamps are whole milliseconds, so most of a file's with one are seconds, not
+    milliseconds (``trace_pace.fast`` judges it with the rate they replay at)."""
+
+    count: int = 0
+    line: int = 0
+    """The first such timestamp's line, and its value as written."""
+    value: str = ""
+
+    def see(self, value: object, line: int) -> None:
+        # trace_time has read it as a number of milliseconds: float() takes it again.
+        if not float(value).is_integer():  # type: ignore[arg-type]
+            if not self.count:
+                self.line, self.value = line, excerpt(value)
+            self.count += 1
+
+
+def parse_mooncake(text: str, label: str, lines: Lines | None = None, *,
+                   fractions: Fractions | None = None) -> list[TraceRecord]:
+    """Mooncake's rows; each timestamp with a fractional part counted in ``fractions``."""
     records: list[TraceRecord] = []
     blocks_in_all = 0
     for line, obj in json_objects(text, label):
@@ -124,6 +148,8 @@ def parse_mooncake(text: str, label: str, lines: Lines | None = None) -> list[Tr
             raise TraceError(f"{label}:{line}: timestamp={excerpt(obj['timestamp'])} is a "
                              "date; Mooncake's timestamps are milliseconds from the first "
                              "request (0, 3052): convert them, or give a CSV of dates")
+        if fractions is not None:
+            fractions.see(obj["timestamp"], line)
         prompt = token_count(obj["input_length"], label, line, "input_length", lo=1)
         output = token_count(obj["output_length"], label, line, "output_length", lo=1)
         blocks = _blocks(obj.get("hash_ids"), prompt, label, line)
@@ -176,4 +202,5 @@ def _blocks(value: object, prompt: int, label: str, line: int) -> tuple[int, ...
     return tuple(value)
 
 
-__all__ = ["MAX_TRACE_BLOCKS", "MOONCAKE_BLOCK_TOKENS", "parse_burstgpt", "parse_mooncake"]
+__all__ = ["MAX_TRACE_BLOCKS", "MOONCAKE_BLOCK_TOKENS", "Fractions", "parse_burstgpt",
+           "parse_mooncake"]

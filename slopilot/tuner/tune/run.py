@@ -33,6 +33,7 @@ from slopilot.tuner.tune.settings import (
     pace_warning,
     settings_from,
     thin_warning,
+    trace_doubts,
     tune_command,
     warmup_warning,
 )
@@ -112,7 +113,8 @@ def run(s: TuneSettings) -> TuneOutcome:
     too_long = s.too_long.text() if s.too_long is not None and s.too_long.warns else None
     thin = thin_warning(s, plan)
     warnings = tuple(w for w in (too_long, cut_warning(s), warmup_warning(s, plan), thin,
-                                 check_or_record(study, s, plan)) if w is not None)
+                                 *trace_doubts(s), check_or_record(study, s, plan))
+                     if w is not None)
     for warning in warnings:
         # Before the study, and whatever --quiet says: it may be worth stopping for.
         print(f"slopilot tune: warning: {warning}", file=sys.stderr)

@@ -315,6 +315,18 @@ def thin_warning(s: TuneSettings, plan: WindowPlan) -> str | None:
     return None if out is None else out.text()
 
 
+def trace_doubts(s: TuneSettings) -> tuple[str, ...]:
+    """What ``simulate`` says of the trace as read (``engine/sim/trace_pace.py``'s
+    ``doubts``): a Mooncake file in seconds, rows that repeat another; none for a
+    generated workload."""
+    if not isinstance(s.scenario.workload, TraceSpec):
+        return ()
+    from slopilot.engine.sim.trace_pace import doubts
+
+    spec = s.scenario.workload
+    return tuple(doubts(spec, spec.records()))
+
+
 def pace_warning(s: TuneSettings, pace: SessionPace) -> str | None:
     """What ``simulate`` says of a replay's follow-up turns sent before the previous
     answer had ended (``engine/sim/session_pace.py``), of the start config's replay of

@@ -216,3 +216,52 @@ def test_simulates_title_counts_only_what_arrives_before_duration(
                  "--duration", "2"]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "; the trace replays 4 requests over 1.5 s" in out, out
+
+
+def _moon(tmp_path: Path, name: str, times: list[Any]) -> Path:
+    return _write(tmp_path, [{"timestamp": t, "input_length": 300, "output_length": 20}
+                             for t in times], name)
+
+
+def test_a_mooncake_trace_in_seconds_is_warned_of_as_replayed_1000_times_too_fast(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # A reviewer's Mooncake file converted to seconds (0.013, 0.506, 1.076) replayed 60
+    # requests over 0.03 s, and tune sized 5 replicas where the same rows in whole
+    # milliseconds held on 1, with nothing said.
+    path = _moon(tmp_path, "sec.jsonl", [round(i * 0.5 + 0.013, 3) for i in range(40)])
+    assert main(["simulate", "--scenario", "tiny-cpu", "--trace", str(path),
+                 "--quiet"]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    said = (f"slopilot simulate: warning: {path}: 40 of its 40 timestamps are fractional "
+            "milliseconds (line 1: timestamp=0.013), and read as Mooncake's milliseconds "
+            "the replayed trace is 40 requests over 0.0195 s at 2,051 req/s")
+    assert said in err, err
+    assert err.count(str(path)) == 2, err  # said once: the file, then its fix
+    assert "give --time-scale 1000" in err and "jq -c '.timestamp |= (. * 1000 | round)'" \
+        in err, err
+    # At the scale it names, 2 req/s: nothing to say.
+    assert main(["simulate", "--scenario", "tiny-cpu", "--trace", str(path), "--quiet",
+                 "--time-scale", "1000"]) == 0
+    assert "fractional" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("times", [
+    [i * 500 for i in range(40)],  # whole milliseconds, as Mooncake's
+    [i * 500.25 for i in range(40)],  # finer than a millisecond, at 2 req/s
+    [i * 0.5 for i in range(40)],  # whole at 2,000 req/s: no sign of another unit
+])
+def test_a_legitimate_mooncake_trace_is_not_warned_of(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], times: list[float]) -> None:
+    path = _moon(tmp_path, "ms.jsonl", times)
+    assert main(["simulate", "--scenario", "tiny-cpu", "--trace", str(path),
+                 "--quiet"]) == 0
+    assert "fractional" not in capsys.readouterr().err
+
+
+def test_a_target_rate_of_a_mooncake_trace_in_seconds_is_not_warned_of(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # The user's pace: whatever the unit, the gaps are scaled to it.
+    path = _moon(tmp_path, "sec.jsonl", [round(i * 0.5 + 0.013, 3) for i in range(40)])
+    assert main(["simulate", "--scenario", "tiny-cpu", "--trace", str(path), "--quiet",
+                 "--target-rate", "2"]) == 0
+    assert "fractional" not in capsys.readouterr().err
