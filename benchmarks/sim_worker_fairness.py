@@ -36,6 +36,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from slopilot.engine.alert_factors import DEFAULT_FACTORS
 from slopilot.engine.sim.scenario import load_scenario
 from slopilot.tuner.loop.twin_predict import predicted_p99s
 from slopilot.tuner.sim.worker import CHECK_QUEUE_TIMEOUT_S, SimWorker
@@ -48,7 +49,7 @@ def twin_window(window_s: float) -> tuple[float, float]:
     start = time.monotonic()
     scenario = load_scenario("tiny-cpu")
     predicted_p99s(scenario, scenario.engine_config().to_dict(), 1, window_s, seed=0,
-                   bucketed=False)
+                   bucketed=False, factors=DEFAULT_FACTORS)
     return start, time.monotonic()
 
 

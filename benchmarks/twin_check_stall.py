@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from slopilot.engine.alert_factors import DEFAULT_FACTORS
 from slopilot.engine.sim.scenario import Scenario, load_scenario, parse_scenario
 from slopilot.tuner.loop.twin_predict import predicted_p99s
 from slopilot.tuner.sim.worker import SimWorker, WorkerTwin
@@ -117,14 +118,15 @@ def main() -> None:
     idle = idle_beats_per_s()
     with SimWorker() as worker:
         twin = WorkerTwin(worker)
-        twin.p99s(scenario(1.0, 1), {}, 1, 1.0, seed=0, bucketed=True)  # its imports paid
+        # its imports paid
+        twin.p99s(scenario(1.0, 1), {}, 1, 1.0, seed=0, bucketed=True, factors=DEFAULT_FACTORS)
         for name, (rate, replicas) in LOADS.items():
             sc = scenario(rate, replicas)
             here = [stall(functools.partial(predicted_p99s, sc, {}, replicas, args.window,
-                                            seed=0, bucketed=True), idle)
+                                            seed=0, bucketed=True, factors=DEFAULT_FACTORS), idle)
                     for _ in range(args.runs)]
             there = [stall(functools.partial(twin.p99s, sc, {}, replicas, args.window,
-                                             seed=0, bucketed=True), idle)
+                                             seed=0, bucketed=True, factors=DEFAULT_FACTORS), idle)
                      for _ in range(args.runs)]
             for where, runs in (("in_process", here), ("worker", there)):
                 results[f"{name}_{where}_s"] = statistics.median(r.seconds for r in runs)

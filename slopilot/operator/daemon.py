@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, cast
 
+from slopilot.operator.alert_spec import edge_factors
 from slopilot.operator.engine_deployment import progress_deadline_s
 from slopilot.operator.engine_switch import RanOn
 from slopilot.operator.kube_handle import KubeDeploymentHandle
@@ -258,6 +259,7 @@ def controller_settings(spec: LLMDeploymentSpec, namespace: str, name: str, *,
         max_trial_s=spec.tuning.max_trial_s,
         canary=spec.tuning.canary and spec.backend is Backend.BUILTIN,
         twin_max_error=spec.twin.max_error, twin_correction=spec.twin.correction,
+        alert_factors=edge_factors(spec.alerts),
         replica_ready_s=float(progress_deadline_s(spec)))
 
 

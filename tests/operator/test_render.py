@@ -313,6 +313,21 @@ def test_both_backends_pods_are_given_the_alert_factors_beside_the_slo() -> None
     assert ALERTS_FILE_ENV not in engine  # vLLM's own container: the meter reads it
 
 
+def test_the_twin_reads_its_p99s_through_the_factors_the_pods_are_given() -> None:
+    """The twin check predicts P99s as the pods' histograms read them (``twin_predict``):
+    its controller gets the factors from the same spec.alerts, through the same
+    ``edge_factors``, as the ConfigMap's alerts.json, not the defaults."""
+    from slopilot.engine.alert_factors import AlertFactors
+    from slopilot.operator.daemon import controller_settings
+
+    for alerts in ({"ttftWarningFactor": 1.1, "ttftRetuneFactor": 1.37,
+                    "tbtScaleFactor": 3}, {}):
+        b, spec = render(alerts=alerts)
+        pods = AlertFactors.from_dict(json.loads(
+            render_all(b, spec).config_map["data"]["alerts.json"]))
+        assert controller_settings(spec, "team", "chat").alert_factors == pods
+
+
 # A tenant's CR written as if it were a pod template, to land on reserved GPU nodes, run
 # as another account, mount a node's files or give vLLM flags the operator never renders.
 POD_FIELDS = {

@@ -13,6 +13,7 @@ from concurrent.futures.process import BrokenProcessPool
 
 import pytest
 
+from slopilot.engine.alert_factors import DEFAULT_FACTORS, AlertFactors
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.scenario import load_scenario
 from slopilot.engine.sim.twin import with_profile
@@ -131,11 +132,14 @@ def test_the_worker_answers_as_the_in_process_search_does(worker: SimWorker) -> 
 @pytest.mark.parametrize("profiled", [False, True])
 def test_the_twin_checks_window_is_simulated_in_the_worker_as_here(
         worker: SimWorker, bucketed: bool, profiled: bool) -> None:
-    # The check sends the twin on its corrected profile (read-only maps inside).
+    # The check sends the twin on its corrected profile (read-only maps inside), and the
+    # CR's alert factors its pods' edges are made of.
     twin = with_profile(TINY, make_profile()) if profiled else TINY
     config = TINY.engine_config().to_dict()
-    here = predicted_p99s(twin, config, 2, 5.0, seed=3, bucketed=bucketed)
-    there = WorkerTwin(worker).p99s(twin, config, 2, 5.0, seed=3, bucketed=bucketed)
+    factors = AlertFactors(ttft_retune=1.37, tbt_scale=1.5)
+    here = predicted_p99s(twin, config, 2, 5.0, seed=3, bucketed=bucketed, factors=factors)
+    there = WorkerTwin(worker).p99s(twin, config, 2, 5.0, seed=3, bucketed=bucketed,
+                                    factors=factors)
     assert there == here and [c.priority for c in there] == list(Priority)
     assert any(c.tbt_ms is not None for c in there)
 
@@ -256,7 +260,8 @@ def test_a_twin_window_behind_another_deployments_call_is_busy_within_its_limit(
     with SimWorker() as w:
         a = Held(w, tmp_path)
         with pytest.raises(SimulatorBusy, match="1 simulator process"):
-            WorkerTwin(w, queue_timeout_s=0).p99s(TINY, {}, 1, 5.0, seed=0, bucketed=False)
+            WorkerTwin(w, queue_timeout_s=0).p99s(TINY, {}, 1, 5.0, seed=0, bucketed=False,
+                                                  factors=DEFAULT_FACTORS)
         assert a.finish() == "done"
     with pytest.raises(ValueError, match="timeout_s"):
         WorkerTwin(SimWorker.__new__(SimWorker), timeout_s=0)

@@ -14,6 +14,7 @@ import threading
 
 import pytest
 
+from slopilot.engine.alert_factors import DEFAULT_FACTORS
 from slopilot.engine.sim.scenario import load_scenario
 from slopilot.tuner.loop.ports import SimulatorBusy
 from slopilot.tuner.sim.adapters import SimOffline
@@ -92,7 +93,7 @@ def test_the_adapters_wait_as_the_tenant_they_were_built_for(tmp_path: pathlib.P
         a = Held(w, tmp_path, tenant="ns-a")
         with pytest.raises(SimulatorBusy, match="'ns-a' holds 1"):
             WorkerTwin(w, tenant="ns-a", queue_timeout_s=0).p99s(
-                TINY, config, 1, 5.0, seed=0, bucketed=False)
+                TINY, config, 1, 5.0, seed=0, bucketed=False, factors=DEFAULT_FACTORS)
         with pytest.raises(SimulatorBusy, match="'ns-a' holds 1"):
             WorkerOffline(w, SimOffline(space, n_trials=2, duration_s=5.0), tenant="ns-a",
                           queue_timeout_s=0).best_configs(TINY, 1, config, 1)

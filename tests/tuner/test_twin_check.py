@@ -11,7 +11,9 @@ from typing import Any
 
 import pytest
 
-from slopilot.engine.latency_buckets import TOKEN_LATENCY_BUCKETS
+from slopilot.engine.alert_factors import AlertFactors
+from slopilot.engine.histogram_quantiles import latency_quantile
+from slopilot.engine.latency_buckets import TOKEN_LATENCY_BUCKETS, token_latency_buckets
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.cluster import SimCluster
 from slopilot.engine.sim.correction import twin_error
@@ -73,15 +75,17 @@ class RecordingTwin:
 
     def __init__(self, fail: Exception | None = None) -> None:
         self.calls: list[tuple[int, float, bool]] = []
+        self.factors: list[AlertFactors] = []
         self.fail = fail
 
     def p99s(self, twin: Any, config: Mapping[str, Any], replicas: int, window_s: float, *,
-             seed: int, bucketed: bool) -> tuple[ClassP99, ...]:
+             seed: int, bucketed: bool, factors: AlertFactors) -> tuple[ClassP99, ...]:
         self.calls.append((replicas, window_s, bucketed))
+        self.factors.append(factors)
         if self.fail is not None:
             raise self.fail
         return predicted_p99s(twin, config, replicas, window_s, seed=seed,
-                              bucketed=bucketed)
+                              bucketed=bucketed, factors=factors)
 
 
 def plant(action: AlertAction = AlertAction.RETUNE, *, planner: int = 1,
@@ -405,6 +409,40 @@ def test_a_twin_right_about_the_plant_reads_its_p99s_as_the_plants_are_read() ->
     assert p0 is not None and p0.tbt_p99_measured_ms is not None
     assert p0.tbt_p99_predicted_ms == pytest.approx(p0.tbt_p99_measured_ms)
     assert check.latency_optimism() == pytest.approx(0.0, abs=1e-9)
+
+
+def test_the_twin_reads_a_crs_own_alert_factor_as_the_pods_histograms_do() -> None:
+    # spec.alerts' tbtScaleFactor 1.37 on a P0 TBT target of 28.9 ms: 39.593 ms, inside
+    # the grid's (39, 42] ms bucket, which holds this window's P0 TBT P99. The pods
+    # started with the CR's factors carry it as an edge (``latency_buckets.slo_edges``):
+    # they read 39.39 ms, under the TBT scale alert's threshold; read through the
+    # default factors' edges the twin said 39.65 ms, over it, for the same gaps.
+    factors = AlertFactors(tbt_scale=1.37)
+    base = with_profile(load_scenario("tiny-cpu"), make_profile())
+    slo = dataclasses.replace(base.slo, p0=dataclasses.replace(base.slo.p0, tbt_p99_ms=28.9))
+    scenario = dataclasses.replace(base, slo=slo)
+    threshold_s = factors.tbt_scale * 28.9 / 1000
+    gaps = simulate(scenario, START, replicas=1, duration_s=WINDOW_S,
+                    seed=0).stats.classes[Priority.P0].tbt
+    pods = latency_quantile(0.99, gaps, edges=token_latency_buckets(slo, ttft=False,
+                                                                     factors=factors))
+    default = latency_quantile(0.99, gaps, edges=token_latency_buckets(slo, ttft=False))
+    assert pods <= threshold_s < default  # the premise: the edge decides the verdict
+    measured = window_summary(
+        requests={p.label: 100.0 for p in Priority}, throughput={},
+        ttft_p99_s={}, tbt_p99_s={"p0": pods}, goodput={}, preemptions_per_min=0.0,
+        overall_ttft_p99_s=nan, overall_tbt_p99_s=nan, duration_s=WINDOW_S,
+        window=Window(0.0, WINDOW_S, bucketed=True))
+    settings = ControllerSettings(deployment="demo", slo=slo, window_s=WINDOW_S,
+                                  alert_factors=factors)
+    twin_sim = RecordingTwin()
+    check = check_twin(settings, ((), ()), scenario, START, 1, measured, at=WINDOW_S,
+                       window_s=WINDOW_S, simulator=twin_sim)
+    p0 = check.p0()
+    assert p0 is not None and p0.tbt_p99_predicted_ms is not None
+    assert p0.tbt_p99_predicted_ms == pytest.approx(pods * 1000)
+    assert p0.tbt_p99_predicted_ms <= threshold_s * 1000
+    assert twin_sim.factors == [factors]
 
 
 def test_the_checks_window_is_simulated_through_the_twin_port() -> None:

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from slopilot.engine.alert_factors import AlertFactors
 from slopilot.engine.sim.correction import WindowSample
 from slopilot.engine.sim.scenario import Scenario
 from slopilot.engine.window_summary import WindowSummary
@@ -267,10 +268,12 @@ class Planner(Protocol):
 class TwinSimulator(Protocol):
     """The twin's P99s over one window, for the twin check (``twin_predict.py``): run in
     the operator's simulator processes (``sim/worker.WorkerTwin``), not the controller's.
-    May raise any of ``NO_ANSWER``."""
+    ``bucketed``: read through the edges of pods started with the twin's SLO at
+    ``factors`` (``ControllerSettings.alert_factors``). May raise any of ``NO_ANSWER``."""
 
     def p99s(self, twin: Scenario, config: Mapping[str, Any], replicas: int,
-             window_s: float, *, seed: int, bucketed: bool) -> tuple[ClassP99, ...]: ...
+             window_s: float, *, seed: int, bucketed: bool,
+             factors: AlertFactors) -> tuple[ClassP99, ...]: ...
 
 
 class LiveStudy(Protocol):

@@ -6,6 +6,7 @@ import enum
 import math
 from dataclasses import dataclass
 
+from slopilot.engine.alert_factors import DEFAULT_FACTORS, AlertFactors
 from slopilot.engine.slo import SLOSpec
 from slopilot.tuner.loop.errors import ControllerError
 
@@ -112,6 +113,12 @@ class ControllerSettings:
     """Also require the P0 TTFT and TBT p99 predicted for the last window within this
     relative error of the measured ones (None: reported, not required)."""
     twin_correction: TwinCorrection = TwinCorrection.REFIT
+    alert_factors: AlertFactors = DEFAULT_FACTORS
+    """The multiples of the SLO the deployment's pods carry as histogram edges
+    (``spec.alerts``, given them as ``alerts.json``: ``alert_spec.edge_factors``): the
+    twin check reads its predicted P99s through the same edges
+    (``latency_buckets.token_latency_buckets``), so a P99 near an alert's threshold falls
+    on the side of it the pods' histograms read, not the default factors' bucket."""
     min_class_requests: int = DEFAULT_CLASS_REQUESTS
     """A trial's window is judged only once it holds this many finished requests of each
     class with a P99 in the SLO that it served: the P99 of fewer than 100 is their
@@ -161,6 +168,9 @@ class ControllerSettings:
                     or not 0 < bound < 10:
                 raise ControllerError(f"{name}={bound!r}: expected a relative error in "
                                       "(0, 10), e.g. 0.15 for 15 %")
+        if not isinstance(self.alert_factors, AlertFactors):
+            raise ControllerError(f"alert_factors={self.alert_factors!r}: expected an "
+                                  "AlertFactors (alert_spec.edge_factors of spec.alerts)")
         if not isinstance(self.twin_correction, TwinCorrection):
             try:
                 object.__setattr__(self, "twin_correction",

@@ -34,6 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from slopilot.engine.alert_factors import AlertFactors
 from slopilot.engine.calibrate.datasheet import datasheet_profile
 from slopilot.engine.sim.correction import WindowSample, describe_factors, factors, twin_error
 from slopilot.engine.sim.correction import corrected as corrected_profile
@@ -168,7 +169,8 @@ def check_twin(settings: ControllerSettings, samples: tuple[Sequence[WindowSampl
     unsimulated = None
     if measured is not None:
         classes, unsimulated = _latency(simulator or InProcessTwin(), twin, config,
-                                        replicas, window_s, seed, measured)
+                                        replicas, window_s, seed, measured,
+                                        settings.alert_factors)
     trusted, reason = _verdict(settings, step, corrected, classes, unsimulated)
     if datasheet:
         reason = f"datasheet roofline, checked in its calibrated form: {reason}"
@@ -181,13 +183,13 @@ def check_twin(settings: ControllerSettings, samples: tuple[Sequence[WindowSampl
 
 
 def _latency(simulator: TwinSimulator, twin: Scenario, config: Mapping[str, Any],
-             replicas: int, window_s: float, seed: int, measured: WindowSummary
-             ) -> tuple[tuple[ClassError, ...], str | None]:
+             replicas: int, window_s: float, seed: int, measured: WindowSummary,
+             factors: AlertFactors) -> tuple[tuple[ClassError, ...], str | None]:
     """Each class's predicted p99s against the measured, or why there are none."""
     bucketed = measured.window is not None and measured.window.bucketed
     try:
         predicted = simulator.p99s(twin, config, replicas, window_s, seed=seed,
-                                   bucketed=bucketed)
+                                   bucketed=bucketed, factors=factors)
     except NO_ANSWER as exc:  # the step times still decide
         return (), f"p99s not simulated: {exc or type(exc).__name__}"
     return tuple(_class_error(p, measured) for p in predicted), None

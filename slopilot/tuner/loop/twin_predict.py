@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from slopilot.engine.alert_factors import AlertFactors
 from slopilot.engine.histogram_quantiles import latency_quantile
 from slopilot.engine.latency_buckets import token_latency_buckets
 from slopilot.engine.request import Priority
@@ -33,17 +34,21 @@ class ClassP99:
 
 
 def predicted_p99s(twin: Scenario, config: Mapping[str, Any], replicas: int,
-                   window_s: float, *, seed: int, bucketed: bool) -> tuple[ClassP99, ...]:
+                   window_s: float, *, seed: int, bucketed: bool,
+                   factors: AlertFactors) -> tuple[ClassP99, ...]:
     """``twin`` at ``config`` on ``replicas`` for ``window_s``: each class's P99s.
 
     ``bucketed``: the measured P99s are a histogram's, which reads high inside a bucket
     (23-29 % for TBT in docs/benchmarks.md, TBT truth), so the twin's are read through
     the same buckets; its exact ones against them read as optimism, and a scale-down took
-    that much more headroom.
+    that much more headroom. Those buckets are the pods': the SLO's thresholds at
+    ``factors`` (the deployment's ``spec.alerts``, its pods' ``alerts.json``) are edges
+    of them, as the engine and the meter make them (``token_latency_buckets``), so a P99
+    near a CR's own alert threshold reads on the side of it the pods' does.
     """
     run = simulate(twin, config, replicas=replicas, duration_s=window_s, seed=seed)
-    # The plant's engines export the SLO's thresholds as edges too (started with it).
-    ttft_edges, tbt_edges = (token_latency_buckets(twin.slo, ttft=t) for t in (True, False))
+    ttft_edges, tbt_edges = (token_latency_buckets(twin.slo, ttft=t, factors=factors)
+                             for t in (True, False))
     out = []
     for p in Priority:
         c = run.summary.classes[p]
@@ -61,5 +66,7 @@ class InProcessTwin:
     """``ports.TwinSimulator`` in the caller's process: the simulated world, the tests."""
 
     def p99s(self, twin: Scenario, config: Mapping[str, Any], replicas: int,
-             window_s: float, *, seed: int, bucketed: bool) -> tuple[ClassP99, ...]:
-        return predicted_p99s(twin, config, replicas, window_s, seed=seed, bucketed=bucketed)
+             window_s: float, *, seed: int, bucketed: bool,
+             factors: AlertFactors) -> tuple[ClassP99, ...]:
+        return predicted_p99s(twin, config, replicas, window_s, seed=seed,
+                              bucketed=bucketed, factors=factors)

@@ -53,6 +53,7 @@ from concurrent.futures.process import BrokenProcessPool
 from types import MappingProxyType
 from typing import Any, TypeVar
 
+from slopilot.engine.alert_factors import AlertFactors
 from slopilot.engine.sim.scenario import Scenario
 from slopilot.tuner.loop.capacity import CapacityAnswer, CapacityPlanner
 from slopilot.tuner.loop.ports import SimulatorBusy, SimulatorFailed
@@ -258,8 +259,9 @@ def _capacity(duration_s: float | None, seed: int | None, min_class_requests: in
 
 
 def _p99s(twin: Scenario, config: Mapping[str, Any], replicas: int, window_s: float,
-          seed: int, bucketed: bool) -> tuple[ClassP99, ...]:
-    return predicted_p99s(twin, config, replicas, window_s, seed=seed, bucketed=bucketed)
+          seed: int, bucketed: bool, factors: AlertFactors) -> tuple[ClassP99, ...]:
+    return predicted_p99s(twin, config, replicas, window_s, seed=seed, bucketed=bucketed,
+                          factors=factors)
 
 
 def _positive(timeout_s: float) -> float:
@@ -342,7 +344,9 @@ class WorkerTwin:
         self.tenant = tenant
 
     def p99s(self, twin: Scenario, config: Mapping[str, Any], replicas: int,
-             window_s: float, *, seed: int, bucketed: bool) -> tuple[ClassP99, ...]:
+             window_s: float, *, seed: int, bucketed: bool,
+             factors: AlertFactors) -> tuple[ClassP99, ...]:
         return self.worker.call(_p99s, twin, dict(config), replicas, window_s, seed,
-                                bucketed, tenant=self.tenant, timeout_s=self.timeout_s,
+                                bucketed, factors, tenant=self.tenant,
+                                timeout_s=self.timeout_s,
                                 queue_timeout_s=self.queue_timeout_s)
