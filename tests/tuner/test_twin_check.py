@@ -195,6 +195,7 @@ def test_a_twin_optimistic_about_p99s_plans_a_scale_down_with_more_room() -> Non
     ({"twin_max_error": True}, "twin_max_error=True"),
     ({"twin_max_latency_error": -1.0}, "twin_max_latency_error=-1.0"),
     ({"twin_correction": "guess"}, "use one of none, rescale, refit"),
+    ({"alert_factors": {"tbtScaleFactor": 1.37}}, "alert_factors=.*expected an AlertFactors"),
 ])
 def test_bad_twin_settings_are_refused(kwargs: dict[str, Any], fix: str) -> None:
     with pytest.raises(ControllerError, match=fix):
