@@ -116,16 +116,21 @@ class TokenGaps:
     """Per class with a TBT target, each measured request's arrival, token gaps and gaps
     above ``over_s`` (its class's limit): what a window's TBT P99 against that limit
     needs of a request, since a gap counts in the windows holding its request's arrival
-    (``SimStats.on_token_gap``). 16 bytes a request (an 8-byte arrival, two 4-byte
-    counts) and nothing a token: 1M requests, 16 MB, where a float32 a gap would be 4
-    bytes a token (1M requests of 300 tokens, 1.2 GB). A request still streaming holds
-    a dict entry too, until it finishes."""
+    (``SimStats.on_token_gap``); and its largest gap at or under the limit and smallest
+    over it, the two a window's P99 reads between where its rank lies just under the gaps
+    over the limit (``window_sweep.GapWindow.misses``). 32 bytes a request (an 8-byte
+    arrival, two 4-byte counts, two 8-byte gaps) and nothing a token: 1M requests, 32 MB,
+    where a float32 a gap would be 4 bytes a token (1M requests of 300 tokens, 1.2 GB).
+    A request still streaming holds a dict entry too, until it finishes."""
 
     def __init__(self, over_s: dict[Priority, float]) -> None:
         self.over_s = over_s
         self._arrival = {p: array("d") for p in over_s}
         self._gaps = {p: array("i") for p in over_s}
         self._over = {p: array("i") for p in over_s}
+        # float64, as the gaps: the P99 interpolated between two is numpy's to the bit.
+        self._below = {p: array("d") for p in over_s}
+        self._above = {p: array("d") for p in over_s}
         self._row: dict[str, int] = {}
 
     def first_token(self, req: Request) -> None:
@@ -137,6 +142,8 @@ class TokenGaps:
         arrival.append(req.arrival_time)
         self._gaps[req.priority].append(0)
         self._over[req.priority].append(0)
+        self._below[req.priority].append(-math.inf)
+        self._above[req.priority].append(math.inf)
 
     def gap(self, req: Request, gap_s: float) -> None:
         row = self._row.get(req.request_id)
@@ -146,6 +153,10 @@ class TokenGaps:
         self._gaps[p][row] += 1
         if gap_s > self.over_s[p]:
             self._over[p][row] += 1
+            if gap_s < (above := self._above[p])[row]:
+                above[row] = gap_s
+        elif gap_s > (below := self._below[p])[row]:
+            below[row] = gap_s
 
     def finished(self, req: Request) -> None:
         self._row.pop(req.request_id, None)
@@ -163,6 +174,17 @@ class TokenGaps:
         return (arrival[order],
                 np.frombuffer(self._gaps[priority], dtype=np.int32)[order].astype(np.int64),
                 np.frombuffer(self._over[priority], dtype=np.int32)[order].astype(np.int64))
+
+    def nearest(self, priority: Priority) -> tuple[np.ndarray, np.ndarray]:
+        """The class's requests by arrival, as ``series`` orders them: each one's largest
+        gap at or under the limit (-inf: none) and smallest over it (inf: none)."""
+        if priority not in self._arrival:
+            empty = np.zeros(0, dtype=np.float64)
+            return empty, empty
+        order = np.argsort(np.frombuffer(self._arrival[priority], dtype=np.float64),
+                           kind="stable")
+        return (np.frombuffer(self._below[priority], dtype=np.float64)[order],
+                np.frombuffer(self._above[priority], dtype=np.float64)[order])
 
     def __len__(self) -> int:
         return sum(len(a) for a in self._arrival.values())

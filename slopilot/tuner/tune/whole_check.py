@@ -17,14 +17,14 @@ thirds of a window is split between two on the grid, each reading it diluted; so
 replay is swept for the windows between them (``engine/sim/window_sweep``): where a
 sweep of every request's first token finds a window from an arrival whose TTFT P99 is
 higher than all of theirs, and where a sweep of every request's token gaps finds one
-whose TBT P99 may be over its limit with the headroom (counted per request against it:
+whose TBT P99 is over its limit with the headroom (counted per request against it:
 a TBT burst of long prefills stretching every running request's gaps, which each grid
 window read diluted under the target), that window is measured in full and judged too:
 the verdict is the worst window of that length anywhere in the trace, by TTFT and by TBT
-against its limit (exactly where some window's P99 rank lies among the gaps over the
-limit; within one rank, where a P99 reads between a gap under it and one over, the
-window measured may hold where another such would miss). One P99 over the whole
-file let a quiet tail hide the burst: the reviewer's trace with two hours of light
+against its limit (exactly: where no window's P99 rank lies among the gaps over the
+limit, those whose P99 reads between a gap under it and one over are read from those two
+gaps, kept per request, and the highest is measured where it misses). One P99 over the
+whole file let a quiet tail hide the burst: the reviewer's trace with two hours of light
 traffic after it read 436 ms over the file on 1 replica, where its burst minutes read
 528 ms. The grid's windows come from the one replay (``engine/sim/window_stats``), not a
 replay each; the worst windows between them cost a second replay (one for all), and only
@@ -363,10 +363,10 @@ def _verdict(config: Mapping[str, Any], figures: Sequence[WindowFigures],
 def _off_grid(run: SimRun, window_s: float) -> tuple[float, ...]:
     """The starts, off the grid, of windows that the sweeps (``window_sweep``) find worse
     than the grid's, each measured in full by a second replay: a class's TTFT P99 above
-    every grid window's, or its TBT P99 rank among the gaps over its limit with the
-    headroom, or within one rank of it (``GapWindow.could_miss``: a window past the
-    limit is one, and the deepest found is where it would be). Only windows of at least
-    ``DEFAULT_CLASS_REQUESTS`` of the class: one of fewer that missed would be set aside
+    every grid window's, or its TBT P99 over its limit with the headroom
+    (``GapWindow.misses``: where any window is past the limit, the one found is; one
+    that holds is not replayed, its full measurement reads the same P99). Only windows
+    of at least ``DEFAULT_CLASS_REQUESTS`` of the class: one of fewer that missed would be set aside
     (``_thin``), and a replay spent on it."""
     stats = run.stats
     if not isinstance(stats, SlidingStats):
@@ -383,7 +383,7 @@ def _off_grid(run: SimRun, window_s: float) -> tuple[float, ...]:
             out.append(worst.start_s)
     out += [w.start_s for w in worst_gap_starts(
         stats.token_gaps, window_s, stats.start_time, stats.end_time,
-        floor=DEFAULT_CLASS_REQUESTS) if w.could_miss]
+        floor=DEFAULT_CLASS_REQUESTS) if w.misses]
     return tuple(sorted(set(out) - set(grid)))
 
 

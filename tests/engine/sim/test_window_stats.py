@@ -103,5 +103,9 @@ def test_the_tbt_sweep_counts_each_window_as_its_own_measurement_does() -> None:
         tbt = np.frombuffer(parts[start].classes[p1].tbt, dtype=np.float64)
         [w] = gap_windows(swept.token_gaps, p1, [start], 6.0, 20.0)
         assert (w.gaps, w.over) == (len(tbt), int((tbt > limit_s).sum())), start
+        # And its verdict, the P99 against the limit, as the full measurement's.
+        p99 = float(np.percentile(tbt, 99)) if len(tbt) else None
+        assert w.misses == (p99 is not None and p99 > limit_s), start
+        assert w.p99_s is None or w.p99_s == p99, start
         overs += w.over
     assert overs > 0, "the case needs gaps over the limit"
