@@ -21,12 +21,16 @@ deployment's measured P99s and SLO attainment go to ``status`` too (slo_status.p
   be resumed writes it once more (``flush``). A status that takes no write at all (an
   admission webhook on ``llmdeployments/status`` failing every PATCH) is said on the CR
   (a warning, which kopf posts as an event) and counted
-  (``slopilot_status_write_failures_total``); after ``STATUS_GIVE_UP_S`` of failed
-  writes the trial on the pods is ended, told failed in its study (``status_unwritable``)
-  and the episode's config sent back to the pods (on vLLM, its Deployment's arguments,
-  stamped so that no reconcile renders the trial's record again: vllm_take_back.py; the
-  write that next takes reduces that record to its committed config), and a restarted
-  operator that finds it still on record does not resume it (``trial_ends.end_told``).
+  (``slopilot_status_write_failures_total``). The loop does not tick meanwhile, but the
+  pods' sync goes on (it writes nothing of the decision held): an edit or a drifted pod
+  is brought to the spec, and a canary to the trial this loop runs. After
+  ``STATUS_GIVE_UP_S`` of failed writes the trial on the pods is ended, told failed in
+  its study (``status_unwritable``) and the episode's config, rebased on the spec as it
+  is now, sent back to the pods (the sync then keeps them off the trial's; on vLLM, its
+  Deployment's arguments, stamped so that no reconcile renders the trial's record again:
+  vllm_take_back.py; the write that next takes reduces that record to its committed
+  config), and a restarted operator that finds it still on record does not resume it
+  (``trial_ends.end_told``).
 - One writer of the loop's state: each write of ``status.controller`` is made only over
   the state this daemon built its controller from or last wrote there. Another found
   there is another writer's (a second operator replica's daemon, before the peering
@@ -105,9 +109,9 @@ the old config at most this long."""
 STATUS_GIVE_UP_S = 300.0
 """How long the loop's status writes may fail in a row (an admission webhook on
 ``llmdeployments/status`` that fails every PATCH, an etcd that refuses writes) before it
-ends the trial on the pods: until a decision is on record the loop neither ticks nor
-syncs the pods, so that trial served unwatched, never judged nor rolled back, for as long
-as the writes failed. Five minutes rides out an API server's restart."""
+ends the trial on the pods: until a decision is on record the loop does not tick (the
+pods' sync goes on), so that trial served unwatched, never judged nor rolled back, for
+as long as the writes failed. Five minutes rides out an API server's restart."""
 
 
 class DeploymentLoop:
@@ -179,11 +183,16 @@ class DeploymentLoop:
         if not self._ours(body):
             return False
         assert body is not None
+        generation = body["metadata"].get("generation")
         if self.unwritten is not None:  # no new tick before the last one is on record
             if not self._write(self.unwritten, self.unwritten_time):
                 self._end_unrecorded_trial()
+            # The sync writes nothing of the decision held: the pods follow the spec, the
+            # canary the trial this controller runs (until it is given up), however long
+            # the writes fail. Left out, a restarted canary served the spec's config,
+            # measured as the trial's, and an edit or a drifted pod waited the outage out.
+            self._sync_pods(body, generation)
             return True
-        generation = body["metadata"].get("generation")
         saved = (body.get("status") or {}).get("controller")
         if self.controller is not None and on_record(saved) != self.on_record:
             self._overtaken(saved, "its state in status.controller was replaced")
@@ -415,8 +424,9 @@ class DeploymentLoop:
         self.unwritten_since = self.clock()
         self.logger.warning(
             "the status write failed (%s); the loop holds its decision and does not tick "
-            "until it is on record, and a trial on the pods is ended after %g s of failed "
-            "writes", self.unwritten_error, STATUS_GIVE_UP_S)
+            "until it is on record (the pods are still kept on the spec's config), and a "
+            "trial on the pods is ended after %g s of failed writes", self.unwritten_error,
+            STATUS_GIVE_UP_S)
 
     def _end_unrecorded_trial(self) -> None:
         """Status writes have failed for ``STATUS_GIVE_UP_S``: the trial on the pods is
@@ -437,24 +447,46 @@ class DeploymentLoop:
         reason = (f"{UNWRITTEN}: trial {trial.number} ended: the status took no write for "
                   f"{now - since:.0f} s ({self.unwritten_error}); its config was taken "
                   "off the pods")
-        target = loop.rollback_config()
-        whole = None if target is None else {**(loop.baseline_config or {}), **target}
+        whole, backend, body = self._episode_config(controller)
         controller.stop(now, reason)
         if whole is not None:
             # Sent, not recorded: apply_config records status.tunedConfig first, which
             # the status refuses as it refuses the loop's writes.
             try:
-                body = self.handle.body()
-                backend = _ran_on(loop, body).backend
                 self.handle.take_back(whole, backend)
-            except Exception:  # the sync puts the pods right once the status is written
+            except Exception:  # the sync, at this step and when due, tries again
                 log.exception("%s: could not put the episode's config back after trial %d",
                               self.key, trial.number)
             else:
-                tuned = (body.get("status") or {}).get("tunedConfig")
                 if backend == Backend.VLLM.value and trial_recorded(body):
-                    self.taken_back = tuned
+                    self.taken_back = (body.get("status") or {}).get("tunedConfig")
+        self.synced_at = None  # the pods checked against the trial's end at once
         self.logger.warning("%s", reason)
+
+    def _episode_config(self, controller: Controller
+                        ) -> tuple[dict[str, Any] | None, str, Mapping[str, Any]]:
+        """The whole config a trial given up leaves every pod on (the episode's best,
+        else its start), the backend the pods run and the CR as read. Rebased first on
+        the spec as it is now (``rebase_episode``, as ``abandon`` does): the pods follow
+        an edit made during the outage (the sync), and the episode's start from before
+        it, sent whole, undid it on every pod. None where the CR cannot be read, or a switch of backend
+        or model ended the episode: its trial is told failed in its own study, and the
+        switch's rollout replaced what the pods ran."""
+        loop = controller.loop
+        try:
+            body = self.handle.body()
+            ran_on = _ran_on(loop, body)  # before the rebase stamps the spec's target
+            switched = rebase_episode(loop, body)
+        except (ApplyError, SpecError) as exc:
+            log.warning("%s: no config put back after the trial: %s", self.key, exc)
+            return None, "", {}
+        if switched is not None and switched.trial is not None:
+            self._fail_switched(controller, switched.trial.number, switched.reason)
+            return None, "", {}
+        target = loop.rollback_config()
+        if target is None:
+            return None, "", body
+        return {**(loop.baseline_config or {}), **target}, ran_on.backend, body
 
     def _overtaken(self, theirs: Any, why: str) -> None:
         """Another writer's state ``theirs`` is on record (another operator replica's

@@ -1,6 +1,7 @@
 """A status the API server never takes (an admission webhook on llmdeployments/status
-that fails every PATCH): the loop cannot record a step, so it neither ticks nor syncs,
-and a trial on the pods would serve unwatched for as long as the webhook fails. It is
+that fails every PATCH): the loop cannot record a step, so it does not tick (its pods'
+sync goes on), and a trial on the pods would serve unwatched for as long as the webhook
+fails. It is
 said (a warning on the CR's logger, which kopf posts as an event, and a counter), and
 after ``STATUS_GIVE_UP_S`` of failed writes the trial is ended and the pods put back."""
 
@@ -16,11 +17,21 @@ from optuna.trial import TrialState
 from slopilot.operator import deployment_loop
 from slopilot.operator.cr_locks import LockTable
 from slopilot.operator.daemon import operator_metrics
-from slopilot.operator.deployment_loop import STATUS_GIVE_UP_S, DeploymentLoop
+from slopilot.operator.crd import crd_manifest
+from slopilot.operator.deployment_loop import CONFIG_SYNC_S, STATUS_GIVE_UP_S, DeploymentLoop
 from slopilot.operator.kubeapi import ApiError, Kube
+from slopilot.operator.policy import OperatorPolicy
+from slopilot.operator.reconcile import reconcile
 from slopilot.tuner.prometheus.rules import DEPLOYMENT_LABEL, NAMESPACE_LABEL
-from tests.operator.operator_support import NS, Cluster, add_pod, daemon_loop, operator_mint
-from tests.operator.standins import PrometheusStandIn, serving
+from tests.operator.operator_support import (
+    NS,
+    Cluster,
+    add_pod,
+    daemon_loop,
+    llmd,
+    operator_mint,
+)
+from tests.operator.standins import PodStandIn, PrometheusStandIn, serving
 from tests.operator.test_daemon_heartbeat import tuning_cr
 from tests.operator.test_live_config import running, spec_config
 from tests.operator.test_unbuilt_trial import _as_operator, _trials
@@ -129,3 +140,71 @@ def test_a_restarted_operator_does_not_judge_the_trial_the_old_one_ended_unrecor
             assert second.step()
             assert "trial 0 holds" not in cluster.status()["controller"]["reason"]
     assert _trials(body, storage)[0].state is TrialState.FAIL
+
+
+def _canary_cr(kube: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
+               tmp_path: Path) -> tuple[dict[str, Any], OperatorPolicy, list[PodStandIn]]:
+    """``tuning_cr`` on two replicas, trials on a canary: the CR, the policy, its pods."""
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    policy = OperatorPolicy(allowed_storage=(storage,))
+    kube.install(crd_manifest())
+    body = cluster.create(llmd(replicas={"min": 2, "max": 4}, prometheus={"url": prom.url},
+                               tuning={"window": "1h", "storage": storage, "canary": True}))
+    mint = operator_mint(cluster)
+    assert reconcile(cluster.kube, body, policy=policy, mint=mint).valid
+    prom.fire("SlopilotTTFTP99High", "retune", "chat", NS)
+    token = mint.for_body(cluster.get())
+    return body, policy, [PodStandIn(token, spec_config(cluster)) for _ in range(2)]
+
+
+def _runs(pod: PodStandIn, config: dict[str, Any]) -> None:
+    """``pod`` runs ``config`` now (an engine restarted on a ConfigMap, a hand's PUT)."""
+    with pod.lock:
+        pod.config = dict(config)
+
+
+def test_the_pods_follow_the_spec_while_the_status_takes_no_write(
+        kube: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The sync needs no write of the decision held: while the writes fail, a pod that
+    drifts is brought back, the canary to the trial it runs while the trial is live, and
+    to the spec's once the trial is given up."""
+    body, policy, pods = _canary_cr(kube, cluster, prom, tmp_path)
+    hook, now = Webhook(cluster.kube), [1_000_000.0]
+    loop = _loop(cluster, body, policy, hook, monkeypatch, now)
+    with serving(*pods):
+        for i, pod in enumerate(pods):
+            add_pod(cluster, "chat", i, pod.port)
+        assert loop.step()
+        assert cluster.status()["controller"]["trial"]["canary_replica"] == "chat-pod-0"
+        spec, on_trial = spec_config(cluster), running(pods[0])
+        assert on_trial != spec and running(pods[1]) == spec
+        hook.on = True
+        now[0] += 10.0
+        assert loop.step()
+        assert loop.unwritten is not None  # the decision is held, not on record
+        # The canary restarts on the ConfigMap's config, the other pod is sent other knobs.
+        _runs(pods[0], spec)
+        _runs(pods[1], {**spec, "token_budget": spec["token_budget"] // 2})
+        now[0] += CONFIG_SYNC_S
+        assert loop.step()
+        assert running(pods[0]) == on_trial  # the trial goes on: it is measured on it
+        assert running(pods[1]) == spec
+        # An edit of a knob the trial sets: the other pod runs it at once (a new
+        # generation), the canary keeps the trial's.
+        trial = loop.controller.loop.trial
+        assert trial is not None and "token_budget" in trial.config
+        cluster.patch("chat", {"spec": {"engine": {"tokenBudget": spec["token_budget"] * 2}}})
+        spec = spec_config(cluster)
+        now[0] += 1.0
+        assert loop.step()
+        assert running(pods[0]) == on_trial and running(pods[1]) == spec
+        assert loop.unwritten is not None
+        # Given up: the canary is the spec's, and the sync does not put the trial back.
+        now[0] += STATUS_GIVE_UP_S
+        assert loop.step()
+        assert loop.controller.loop.trial is None
+        assert [running(p) for p in pods] == [spec, spec]
+        now[0] += CONFIG_SYNC_S
+        assert loop.step()
+        assert [running(p) for p in pods] == [spec, spec]
