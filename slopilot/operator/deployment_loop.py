@@ -30,7 +30,8 @@ deployment's measured P99s and SLO attainment go to ``status`` too (slo_status.p
   Deployment's arguments, stamped so that no reconcile renders the trial's record again:
   vllm_take_back.py; the write that next takes reduces that record to its committed
   config), and a restarted operator that finds it still on record does not resume it
-  (``trial_ends.end_told``).
+  (``trial_ends.end_told``). ``STATUS_GIVE_UP_S`` is shortened to the trial's window
+  where that is shorter (``give_up_after``).
 - One writer of the loop's state: each write of ``status.controller`` is made only over
   the state this daemon built its controller from or last wrote there. Another found
   there is another writer's (a second operator replica's daemon, before the peering
@@ -107,11 +108,30 @@ read an older ConfigMap (it started before an edit and became ready after its sy
 the old config at most this long."""
 
 STATUS_GIVE_UP_S = 300.0
-"""How long the loop's status writes may fail in a row (an admission webhook on
+"""The longest the loop's status writes may fail in a row (an admission webhook on
 ``llmdeployments/status`` that fails every PATCH, an etcd that refuses writes) before it
-ends the trial on the pods: until a decision is on record the loop does not tick (the
-pods' sync goes on), so that trial served unwatched, never judged nor rolled back, for
-as long as the writes failed. Five minutes rides out an API server's restart."""
+ends the trial on the pods (``give_up_after``): until a decision is on record the loop
+does not tick (the pods' sync goes on), so that trial served unwatched, never judged nor
+rolled back, for as long as the writes failed. Five minutes rides out an API server's
+restart."""
+
+
+def give_up_after(window_s: float) -> float:
+    """How long failed status writes are ridden out before the trial on the pods is
+    ended, for a trial window of ``window_s``: ``STATUS_GIVE_UP_S``, or one window where
+    that is shorter.
+
+    The loop judges a trial by its window's end (one that breaks the SLO badly already
+    at its early look, a quarter window in); while the writes fail it judges none. A
+    trial left past one window of failed writes serves longer unjudged than the loop
+    ever lets one (a one-minute trial served five minutes of them under the fixed
+    bound), so a short window bounds the wait. A long one does not stretch it: an hour's
+    trial waited out for the status served that hour without its early look, as a
+    trial is not left to serve unwatched while Prometheus is down either
+    (``Controller._hold``). Counted from the first failed write of the run, on the
+    loop's clock; a window under the daemon's tick ends the trial at the first retry
+    that fails."""
+    return min(STATUS_GIVE_UP_S, window_s)
 
 
 class DeploymentLoop:
@@ -142,7 +162,7 @@ class DeploymentLoop:
         """A decision whose status write failed: written again before the next tick."""
         self.unwritten_time = ""
         self.unwritten_since: float | None = None
-        """When the status writes began to fail in a row (``STATUS_GIVE_UP_S``)."""
+        """When the status writes began to fail in a row (``give_up_after``)."""
         self.unwritten_error = ""
         self.taken_back: Any = None
         """The trial's ``status.tunedConfig`` record whose config the status-unwritable
@@ -426,12 +446,19 @@ class DeploymentLoop:
             "the status write failed (%s); the loop holds its decision and does not tick "
             "until it is on record (the pods are still kept on the spec's config), and a "
             "trial on the pods is ended after %g s of failed writes", self.unwritten_error,
-            STATUS_GIVE_UP_S)
+            self._give_up_s())
+
+    def _give_up_s(self) -> float:
+        """``give_up_after`` this loop's trial window."""
+        controller = self.controller
+        return STATUS_GIVE_UP_S if controller is None \
+            else give_up_after(controller.settings.window_s)
 
     def _end_unrecorded_trial(self) -> None:
-        """Status writes have failed for ``STATUS_GIVE_UP_S``: the trial on the pods is
-        ended as tuning turned off ends it (``Controller.stop``: told failed in its study,
-        the loop to STEADY), and the episode's config put back on every pod. The state
+        """Status writes have failed for ``give_up_after`` the trial's window: the trial
+        on the pods is ended as tuning turned off ends it (``Controller.stop``: told
+        failed in its study, the loop to STEADY), and the episode's config put back on
+        every pod. The state
         held for the write says so once the status takes it; a restarted operator that
         finds the trial still on record finds it failed in its study, and ends it there
         (``trial_ends.end_told``)."""
@@ -442,7 +469,7 @@ class DeploymentLoop:
         if now < since:  # a clock stepped back: counted from now, not after the step's length
             self.unwritten_since = since = now
         trial = loop.trial
-        if trial is None or now - since < STATUS_GIVE_UP_S:
+        if trial is None or now - since < self._give_up_s():
             return
         reason = (f"{UNWRITTEN}: trial {trial.number} ended: the status took no write for "
                   f"{now - since:.0f} s ({self.unwritten_error}); its config was taken "
@@ -469,9 +496,9 @@ class DeploymentLoop:
         else its start), the backend the pods run and the CR as read. Rebased first on
         the spec as it is now (``rebase_episode``, as ``abandon`` does): the pods follow
         an edit made during the outage (the sync), and the episode's start from before
-        it, sent whole, undid it on every pod. None where the CR cannot be read, or a switch of backend
-        or model ended the episode: its trial is told failed in its own study, and the
-        switch's rollout replaced what the pods ran."""
+        it, sent whole, undid it on every pod. No config where the CR cannot be read, or
+        a switch of backend or model ended the episode: its trial is told failed in its
+        own study, and the switch's rollout replaced what the pods ran."""
         loop = controller.loop
         try:
             body = self.handle.body()

@@ -1,9 +1,9 @@
 """A status the API server never takes (an admission webhook on llmdeployments/status
 that fails every PATCH): the loop cannot record a step, so it does not tick (its pods'
 sync goes on), and a trial on the pods would serve unwatched for as long as the webhook
-fails. It is
-said (a warning on the CR's logger, which kopf posts as an event, and a counter), and
-after ``STATUS_GIVE_UP_S`` of failed writes the trial is ended and the pods put back."""
+fails. It is said (a warning on the CR's logger, which kopf posts as an event, and a
+counter), and after ``give_up_after`` the trial's window of failed writes (at most
+``STATUS_GIVE_UP_S``) the trial is ended and the pods put back."""
 
 from __future__ import annotations
 
@@ -16,9 +16,14 @@ from optuna.trial import TrialState
 
 from slopilot.operator import deployment_loop
 from slopilot.operator.cr_locks import LockTable
-from slopilot.operator.daemon import operator_metrics
 from slopilot.operator.crd import crd_manifest
-from slopilot.operator.deployment_loop import CONFIG_SYNC_S, STATUS_GIVE_UP_S, DeploymentLoop
+from slopilot.operator.daemon import operator_metrics
+from slopilot.operator.deployment_loop import (
+    CONFIG_SYNC_S,
+    STATUS_GIVE_UP_S,
+    DeploymentLoop,
+    give_up_after,
+)
 from slopilot.operator.kubeapi import ApiError, Kube
 from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.reconcile import reconcile
@@ -143,13 +148,14 @@ def test_a_restarted_operator_does_not_judge_the_trial_the_old_one_ended_unrecor
 
 
 def _canary_cr(kube: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
-               tmp_path: Path) -> tuple[dict[str, Any], OperatorPolicy, list[PodStandIn]]:
+               tmp_path: Path, window: str = "1h"
+               ) -> tuple[dict[str, Any], OperatorPolicy, list[PodStandIn]]:
     """``tuning_cr`` on two replicas, trials on a canary: the CR, the policy, its pods."""
     storage = f"sqlite:///{tmp_path / 'study.db'}"
     policy = OperatorPolicy(allowed_storage=(storage,))
     kube.install(crd_manifest())
     body = cluster.create(llmd(replicas={"min": 2, "max": 4}, prometheus={"url": prom.url},
-                               tuning={"window": "1h", "storage": storage, "canary": True}))
+                               tuning={"window": window, "storage": storage, "canary": True}))
     mint = operator_mint(cluster)
     assert reconcile(cluster.kube, body, policy=policy, mint=mint).valid
     prom.fire("SlopilotTTFTP99High", "retune", "chat", NS)
@@ -208,3 +214,36 @@ def test_the_pods_follow_the_spec_while_the_status_takes_no_write(
         now[0] += CONFIG_SYNC_S
         assert loop.step()
         assert [running(p) for p in pods] == [spec, spec]
+
+
+def test_a_trial_is_given_up_after_one_window_where_that_is_shorter(
+        kube: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A one-minute trial would have been judged within its minute: it is not left to
+    serve five of them unjudged (``give_up_after``)."""
+    body, policy, pods = _canary_cr(kube, cluster, prom, tmp_path, window="1m")
+    assert give_up_after(60.0) == 60.0 < STATUS_GIVE_UP_S
+    assert give_up_after(3600.0) == STATUS_GIVE_UP_S
+    hook, now = Webhook(cluster.kube), [1_000_000.0]
+    loop = _loop(cluster, body, policy, hook, monkeypatch, now)
+    with serving(*pods):
+        for i, pod in enumerate(pods):
+            add_pod(cluster, "chat", i, pod.port)
+        assert loop.step()
+        spec, on_trial = spec_config(cluster), running(pods[0])
+        assert on_trial != spec
+        hook.on = True
+        now[0] += 10.0  # before the trial's early look: its tick holds it, unwritten
+        assert loop.step()
+        since = loop.unwritten_since
+        assert since == now[0] and loop.controller.loop.trial is not None
+        now[0] = since + 59.0
+        assert loop.step()
+        assert loop.controller.loop.trial is not None and running(pods[0]) == on_trial
+        now[0] = since + 60.0
+        assert loop.step()
+        assert loop.controller.loop.trial is None
+        assert [running(p) for p in pods] == [spec, spec]
+    ended = _trials(body, policy.allowed_storage[0])[0]
+    assert ended.state is TrialState.FAIL
+    assert ended.user_attrs["fail_reason"].startswith("status_unwritable")
