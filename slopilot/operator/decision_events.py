@@ -1,6 +1,11 @@
 """The events a tick's decision posts on its LLMDeployment: one for every action, and
 the twin's verdict whenever a check ran, so that ``kubectl describe`` tells what the loop
-did and why."""
+did and why; and the Warning of a status that takes no write, whose decision is held
+(``post_status_unwritable``).
+
+Each is posted explicitly (``kopf.info``, ``kopf.warn``): kopf posts a logger's lines as
+events only when told to (``settings.posting.loggers``), which the operator is not
+(settings.py), so a warning logged on the CR's logger is in the operator's log alone."""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ from typing import Any, cast
 import kopf
 
 from slopilot.engine.sim.correction import describe_factors
+from slopilot.operator.crd import API_VERSION, KIND
 from slopilot.tuner.loop.decision import Action, Decision
 
 
@@ -32,3 +38,17 @@ def post_decision(body: Mapping[str, Any], decision: Decision) -> None:
         kopf.warn(target, reason=reason, message=decision.reason)
     else:
         kopf.info(target, reason=reason, message=decision.line())
+
+
+STATUS_UNWRITABLE = "StatusUnwritable"
+"""The reason of the Warning events of a status that takes no write."""
+
+
+def post_status_unwritable(namespace: str, name: str, uid: str, message: str) -> None:
+    """A Warning event on LLMDeployment ``namespace/name`` (by ``uid``: never on a new
+    one of the name) that its status takes no write (deployment_loop.py). The events API
+    is another than the status, which an admission webhook on ``llmdeployments/status``
+    that fails every PATCH leaves open."""
+    ref = {"apiVersion": API_VERSION, "kind": KIND,
+           "metadata": {"namespace": namespace, "name": name, "uid": uid}}
+    kopf.warn(cast("kopf.Body", ref), reason=STATUS_UNWRITABLE, message=message)

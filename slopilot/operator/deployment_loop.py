@@ -20,7 +20,8 @@ deployment's measured P99s and SLO attainment go to ``status`` too (slo_status.p
   steps the API server fails (tuning_daemon.py), and at an end that leaves the trial to
   be resumed writes it once more (``flush``). A status that takes no write at all (an
   admission webhook on ``llmdeployments/status`` failing every PATCH) is said on the CR
-  (a warning, which kopf posts as an event) and counted
+  (a ``StatusUnwritable`` Warning event, posted explicitly: the events API takes writes
+  still, and kopf does not post the CR's logger's lines) and counted
   (``slopilot_status_write_failures_total``). The loop does not tick meanwhile, but the
   pods' sync goes on (it writes nothing of the decision held): an edit or a drifted pod
   is brought to the spec, and a canary to the trial this loop runs. After
@@ -72,7 +73,7 @@ from slopilot.operator.conditions import ConditionType, condition, merge_conditi
 from slopilot.operator.controller_build import build
 from slopilot.operator.crd import API_VERSION, PLURAL
 from slopilot.operator.daemon import ControllerFactory, operator_metrics
-from slopilot.operator.decision_events import post_decision
+from slopilot.operator.decision_events import post_decision, post_status_unwritable
 from slopilot.operator.knobs import committed_record, trial_recorded, tuned_on
 from slopilot.operator.kube_handle import KubeDeploymentHandle
 from slopilot.operator.kubeapi import Kube
@@ -434,19 +435,29 @@ class DeploymentLoop:
         return True
 
     def _unrecorded(self, exc: Exception) -> None:
-        """A status write failed: counted, and said on the CR (kopf posts the CR's
-        logger's warnings as events, another API than the status, which may still take
-        them) at the first failure of a run."""
+        """A status write failed: counted, and said on the CR at the first failure of a
+        run (``_say``)."""
         operator_metrics(self.namespace).status_write_failed(self.name)
         self.unwritten_error = f"{type(exc).__name__}: {exc}"
         if self.unwritten_since is not None:
             return
         self.unwritten_since = self.clock()
-        self.logger.warning(
-            "the status write failed (%s); the loop holds its decision and does not tick "
-            "until it is on record (the pods are still kept on the spec's config), and a "
-            "trial on the pods is ended after %g s of failed writes", self.unwritten_error,
-            self._give_up_s())
+        self._say(
+            f"the status write failed ({self.unwritten_error}); the loop holds its "
+            "decision and does not tick until it is on record (the pods are still kept on "
+            f"the spec's config), and a trial on the pods is ended after "
+            f"{self._give_up_s():g} s of failed writes")
+
+    def _say(self, message: str) -> None:
+        """``message`` on the CR's logger (the operator's log) and as a Warning event on
+        the CR (``post_status_unwritable``: kopf does not post the logger's lines). An
+        event not posted is the log's alone: the loop goes on."""
+        self.logger.warning("%s", message)
+        try:
+            post_status_unwritable(self.namespace, self.name, self.uid, message)
+        except Exception:
+            log.exception("%s: the status write's failure was not posted as an event",
+                          self.key)
 
     def _give_up_s(self) -> float:
         """``give_up_after`` this loop's trial window."""
@@ -488,7 +499,7 @@ class DeploymentLoop:
                 if backend == Backend.VLLM.value and trial_recorded(body):
                     self.taken_back = (body.get("status") or {}).get("tunedConfig")
         self.synced_at = None  # the pods checked against the trial's end at once
-        self.logger.warning("%s", reason)
+        self._say(reason)
 
     def _episode_config(self, controller: Controller
                         ) -> tuple[dict[str, Any] | None, str, Mapping[str, Any]]:

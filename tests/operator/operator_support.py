@@ -229,6 +229,7 @@ def daemon_loop(cluster: Cluster, body: dict[str, Any], monkeypatch: pytest.Monk
     from tests.operator.standins import build_controller
 
     monkeypatch.setattr(deployment_loop, "post_decision", lambda *a, **kw: None)
+    monkeypatch.setattr(deployment_loop, "post_status_unwritable", lambda *a, **kw: None)
     return DeploymentLoop(cluster.kube, namespace, body["metadata"]["name"],
                           str(body["metadata"]["uid"]), mint=operator_mint(cluster),
                           policy=policy or OperatorPolicy(),

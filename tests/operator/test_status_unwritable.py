@@ -18,6 +18,7 @@ from slopilot.operator import deployment_loop
 from slopilot.operator.cr_locks import LockTable
 from slopilot.operator.crd import crd_manifest
 from slopilot.operator.daemon import operator_metrics
+from slopilot.operator.decision_events import STATUS_UNWRITABLE
 from slopilot.operator.deployment_loop import (
     CONFIG_SYNC_S,
     STATUS_GIVE_UP_S,
@@ -34,7 +35,10 @@ from tests.operator.operator_support import (
     add_pod,
     daemon_loop,
     llmd,
+    operator,
     operator_mint,
+    wait_for,
+    wait_steady,
 )
 from tests.operator.standins import PodStandIn, PrometheusStandIn, serving
 from tests.operator.test_daemon_heartbeat import tuning_cr
@@ -60,8 +64,15 @@ class Webhook(Kube):
 
 
 def _loop(cluster: Cluster, body: dict[str, Any], policy: Any, kube: Kube,
-          monkeypatch: pytest.MonkeyPatch, now: list[float]) -> DeploymentLoop:
+          monkeypatch: pytest.MonkeyPatch, now: list[float],
+          posted: list[str] | None = None) -> DeploymentLoop:
+    """The CR's daemon loop on the test's clock ``now[0]``; each ``StatusUnwritable``
+    event's message goes to ``posted`` (kopf's posting needs its running context: the
+    last test here sees it posted as kopf posts it)."""
     monkeypatch.setattr(deployment_loop, "post_decision", lambda *a, **kw: None)
+    monkeypatch.setattr(deployment_loop, "post_status_unwritable",
+                        lambda ns, name, uid, message: (posted if posted is not None
+                                                        else []).append(message))
     loop = DeploymentLoop(kube, NS, "chat", str(body["metadata"]["uid"]),
                           mint=operator_mint(cluster), policy=policy, factory=_as_operator,
                           locks=LockTable(), logger=logging.getLogger("test.chat"))
@@ -81,8 +92,8 @@ def test_a_status_never_written_ends_the_trial_and_puts_the_pods_back(
         caplog: pytest.LogCaptureFixture) -> None:
     body, policy, pod = tuning_cr(kube, cluster, prom, tmp_path)
     storage = policy.allowed_storage[0]
-    hook, now = Webhook(cluster.kube), [1_000_000.0]
-    loop = _loop(cluster, body, policy, hook, monkeypatch, now)
+    hook, now, posted = Webhook(cluster.kube), [1_000_000.0], []
+    loop = _loop(cluster, body, policy, hook, monkeypatch, now, posted)
     failed_before = _failures()
     with serving(pod):
         add_pod(cluster, "chat", 0, pod.port)
@@ -98,6 +109,7 @@ def test_a_status_never_written_ends_the_trial_and_puts_the_pods_back(
         assert _failures() - failed_before == 2
         said = [r.getMessage() for r in caplog.records if r.name == "test.chat"]
         assert any("status" in m and "500" in m for m in said)
+        assert len(posted) == 1 and "500" in posted[0]  # at the first failure alone
         assert running(pod)["max_num_seqs"] == trial["config"]["max_num_seqs"]  # not yet
         now[0] += STATUS_GIVE_UP_S
         assert loop.step()
@@ -107,6 +119,7 @@ def test_a_status_never_written_ends_the_trial_and_puts_the_pods_back(
         assert ended.user_attrs["fail_reason"].startswith("status_unwritable")
         assert any("trial 0" in r.getMessage() for r in caplog.records
                    if r.name == "test.chat")
+        assert len(posted) == 2 and posted[1].startswith("status_unwritable: trial 0 ended")
         hook.on = False  # the webhook is fixed: the ended episode goes on record
         now[0] += 60.0
         assert loop.step()
@@ -247,3 +260,28 @@ def test_a_trial_is_given_up_after_one_window_where_that_is_shorter(
     ended = _trials(body, policy.allowed_storage[0])[0]
     assert ended.state is TrialState.FAIL
     assert ended.user_attrs["fail_reason"].startswith("status_unwritable")
+
+
+def test_the_failed_write_is_said_by_kopf_as_a_warning_event_on_the_cr(
+        kube_login: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
+        controller_env: None) -> None:
+    """The operator as it runs (kopf, its settings): the warning is posted by kopf's own
+    event queue to the events API, which takes writes while the CR's status takes none,
+    on the CR by name and uid. Said on the CR's logger alone it was never posted: kopf
+    posts a logger's lines only under ``settings.posting.loggers``, off here."""
+    with operator(kube_login):
+        uid = cluster.create(llmd(prometheus={"url": prom.url}))["metadata"]["uid"]
+        wait_steady(cluster)
+        # Every tick writes its status: the next one fails, until the webhook is fixed.
+        kube_login.emulator.fail("PATCH", "llmdeployments", subresource="status",
+                                 times=1_000_000)
+        # kopf posts events from a queue of its own: waited for, not read at once.
+        said = wait_for(lambda: [e for e in cluster.events(STATUS_UNWRITABLE)
+                                 if "status write failed" in (e.message or "")],
+                        what="the failed write's event")
+        kube_login.emulator.heal()
+    event = said[0]
+    assert event.type == "Warning"
+    assert "500" in event.message and "injected failure" in event.message
+    ref = event.involved_object
+    assert (ref.kind, ref.name, ref.namespace, ref.uid) == ("LLMDeployment", "chat", NS, uid)
