@@ -469,10 +469,9 @@ class DeploymentLoop:
         """Status writes have failed for ``give_up_after`` the trial's window: the trial
         on the pods is ended as tuning turned off ends it (``Controller.stop``: told
         failed in its study, the loop to STEADY), and the episode's config put back on
-        every pod. The state
-        held for the write says so once the status takes it; a restarted operator that
-        finds the trial still on record finds it failed in its study, and ends it there
-        (``trial_ends.end_told``)."""
+        every pod (``_episode_config``). The state held for the write says so once the
+        status takes it; a restarted operator that finds the trial still on record finds
+        it failed in its study, and ends it there (``trial_ends.end_told``)."""
         controller, since = self.controller, self.unwritten_since
         if controller is None or since is None:
             return
