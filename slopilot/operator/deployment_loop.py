@@ -208,11 +208,13 @@ class DeploymentLoop:
         if self.unwritten is not None:  # no new tick before the last one is on record
             if not self._write(self.unwritten, self.unwritten_time):
                 self._end_unrecorded_trial()
-            # The sync writes nothing of the decision held: the pods follow the spec, the
-            # canary the trial this controller runs (until it is given up), however long
-            # the writes fail. Left out, a restarted canary served the spec's config,
-            # measured as the trial's, and an edit or a drifted pod waited the outage out.
-            self._sync_pods(body, generation)
+                # The sync writes nothing of the decision held: the pods follow the spec,
+                # the canary the trial this controller runs (until it is given up),
+                # however long the writes fail. Left out, a restarted canary served the
+                # spec's config, measured as the trial's, and an edit or a drifted pod
+                # waited the outage out. Only on a failed write: this state was the one
+                # on record as it was tried (another's is found, not failed: _overtaken).
+                self._sync_pods(body, generation)
             return True
         saved = (body.get("status") or {}).get("controller")
         if self.controller is not None and on_record(saved) != self.on_record:
