@@ -22,7 +22,8 @@ options give the same windows):
   minute a live alert fires on); judged without it, a study said "holds" where the
   whole trace missed;
 - a typical one: the window of the trace's fixed grid whose arrival and token rates are
-  closest to the medians over the grid's windows with arrivals, overlapping neither
+  closest to the medians over the grid's windows with arrivals, each window weighted by
+  its requests (the window a typical request arrives in), overlapping neither
   (none when every such window overlaps them). Empty windows are left out: a bursty
   trace's median minute is silent, and a config judged on silence is judged on nothing;
 - the heaviest prompts, where they lie outside those: the window whose prompt at its
@@ -146,6 +147,14 @@ def _rates(times: np.ndarray, tokens: np.ndarray, starts: np.ndarray,
     hi = np.searchsorted(times, starts + length, side="left")
     cum = np.concatenate(([0.0], np.cumsum(tokens)))
     return (hi - lo).astype(np.float64), cum[hi] - cum[lo]
+
+
+def _weighted_median(values: np.ndarray, weights: np.ndarray) -> float:
+    """The value below which half the weight lies (the lower one at an exact half):
+    ``values`` weighted by ``weights`` (each window's rate by its requests)."""
+    order = np.argsort(values, kind="stable")
+    cum = np.cumsum(weights[order])
+    return float(values[order][int(np.searchsorted(cum, cum[-1] / 2))])
 
 
 def _grid_with_arrivals(times: np.ndarray, span: float, length_s: float) -> np.ndarray:
@@ -352,11 +361,15 @@ def trace_windows(records: Sequence[TraceRecord], length_s: float, *, warmup_s: 
         chosen.append(make("sharpest burst", burst, count[0], tok[0]))
     grid = _grid_with_arrivals(times, span, length_s)
     g_counts, g_toks = _rates(times, tokens, grid, length_s)
-    # Typical of the traffic, not of the clock: the windows with arrivals only. A sparse
-    # or bursty trace's median window is empty, and an empty window judges nothing.
+    # Typical of the traffic, not of the clock: the window a typical request arrives in,
+    # so each window weighs as many requests as it holds. A sparse or bursty trace's
+    # median window is empty, and an empty window judges nothing; a diurnal one's median
+    # window with arrivals was a night minute of 2 requests ("typical: 0.0 req/s"), where
+    # 99 % of its requests arrived in minutes of ~2 req/s.
     busy = g_counts > 0
     if busy.any():
-        mc, mt = float(np.median(g_counts[busy])), float(np.median(g_toks[busy]))
+        mc = _weighted_median(g_counts[busy], g_counts[busy])
+        mt = _weighted_median(g_toks[busy], g_counts[busy])
         distance = np.abs(g_counts / max(mc, 1e-9) - 1) + np.abs(g_toks / max(mt, 1e-9) - 1)
         # A typical window has room for its whole warm-up where the trace allows one.
         distance = distance + np.where(grid >= warmup_s, 0.0, 1e6)

@@ -272,3 +272,17 @@ def test_the_heaviest_prompts_are_those_every_windows_p99_reads(seed: int) -> No
     each = [float(np.percentile(work[(times >= s) & (times < s + 60.0)], 99, method="lower"))
             if f else -1.0 for s, f in zip(starts, free, strict=True)]
     assert found[1] == max(each) and free[found[0]] and each[found[0]] == found[1]
+
+
+def test_the_typical_window_is_where_a_typical_request_arrives() -> None:
+    """Weighted by requests, not by minutes: a diurnal trace's many near-silent minutes
+    (2 requests each) outnumbered its busy ones, and the median minute with arrivals was
+    one of them, "typical: 660-720 s (0.0 req/s)" where nearly every request arrived in a
+    minute of ~2 req/s. Here 30 quiet minutes of 2 requests and 10 busy ones of 120."""
+    records = [TraceRecord(m * 60.0 + 20.0 * i, 100, 10) for m in range(30) for i in range(2)]
+    records += [TraceRecord(1800.0 + m * 60.0 + i / 2, 100, 10)
+                for m in range(10) for i in range(120)]
+    records.sort(key=lambda r: r.arrival_time)
+    typical = next(w for w in trace_windows(records, 60.0, warmup_s=0.0)
+                   if w.name == "typical")
+    assert typical.arrival_rate == pytest.approx(2.0)
