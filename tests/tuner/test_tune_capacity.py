@@ -38,7 +38,7 @@ def test_the_smallest_count_over_the_candidates_wins() -> None:
     assert out.replicas == 3 and out.label == "trial 2" and out.config == {"name": "second"}
     # Later candidates are searched only below the best count so far.
     assert max(n for name, n in ev.calls if name != "closest") <= 4
-    assert "3 replicas hold the SLO in every window with headroom, with trial 2's knobs" \
+    assert "3 replicas hold the SLO in every window with 10% headroom, with trial 2's knobs" \
         in out.sentence()
     assert out.to_dict()["candidate"] == "trial 2"
 
@@ -80,11 +80,11 @@ def test_a_term_that_replicas_do_not_move_is_named_and_no_more_replicas_are_advi
     assert "P0 TTFT p99 stays at 129% of its limit from 8 to 16 replicas" in sentence
     assert "raise --max-replicas" not in sentence
     # The report's table names the term beside its share, on every count searched.
-    assert out.table_lines()[3:] == ["|---|---|---|---|",
-                                     "| 2 | no | P0 TTFT p99 | 129% |",
-                                     "| 4 | no | P0 TTFT p99 | 129% |",
-                                     "| 8 | no | P0 TTFT p99 | 129% |",
-                                     "| 16 | no | P0 TTFT p99 | 129% |"]
+    assert out.table_lines()[3:] == ["|---|---|---|---|---|---|",
+                                     "| 2 | no | no | P0 TTFT p99 | 129% | - |",
+                                     "| 4 | no | no | P0 TTFT p99 | 129% | - |",
+                                     "| 8 | no | no | P0 TTFT p99 | 129% | - |",
+                                     "| 16 | no | no | P0 TTFT p99 | 129% | - |"]
 
 
 class FallingEvaluator(FakeEvaluator):
@@ -102,4 +102,41 @@ def test_a_term_that_falls_with_replicas_still_advises_more() -> None:
     out = capacity_answer(FallingEvaluator({}), [("trial 1", {"name": "a"})], 2, 4)  # type: ignore[arg-type]
     assert "raise --max-replicas" in out.sentence()
     assert "do not move" not in out.sentence()
-    assert out.table_lines()[-1] == "| 4 | no | P1 TTFT p99 | 200% |"
+    assert out.table_lines()[-1] == "| 4 | no | no | P1 TTFT p99 | 200% | - |"
+
+
+class EdgeEvaluator(FakeEvaluator):
+    """P1 TTFT p99 per count as a reviewer's long-context trace read it: 10 and 11
+    replicas within the SLO but short of the headroom, 12 with it, 16 noisier than 12."""
+
+    SHARES = {2: 8.35, 4: 5.42, 8: 1.16, 9: 0.95, 10: 0.90, 11: 0.91, 12: 0.77, 16: 0.82}
+
+    def at_replicas(self, n: int) -> EdgeEvaluator:
+        return EdgeEvaluator(self.needs, n, self.calls)
+
+    def evaluate(self, config: Mapping[str, Any]) -> TrialResult:
+        self.calls.append((config["name"], self.n))
+        c = self.SHARES[self.n] - 1.0
+        return TrialResult(dict(config), 1.0, (c,), c <= -HEADROOM,
+                           constraint_names=("p1.ttft_p99",), margin=HEADROOM)
+
+
+def test_the_answer_says_what_one_fewer_missed_and_whether_the_slo_or_the_headroom() -> None:
+    out = capacity_answer(EdgeEvaluator({}), [("trial 2", {"name": "a"})], 2, 16)  # type: ignore[arg-type]
+    assert out.replicas == 12
+    sentence = out.sentence()
+    assert "12 replicas hold the SLO in every window with 10% headroom" in sentence
+    assert "trial 2 on 11: within the SLO, not the headroom" in sentence
+    assert "trial 2 on 8: misses the SLO" in sentence
+    assert "trial 2 on 12: holds with headroom" in sentence
+    # One fewer: what it missed by, and that it is the headroom, not the SLO.
+    assert "11 replicas are within the SLO but not the 10% headroom: P1 TTFT p99 at 91% " \
+        "of its limit (needs at most 90%)" in sentence
+    table = "\n".join(out.table_lines())
+    assert "| replicas | within SLO | with 10% headroom | worst term | share of limit |" \
+        in table
+    assert "| 11 | yes | no | P1 TTFT p99 | 91% |" in table
+    assert "| 8 | no | no | P1 TTFT p99 | 116% |" in table
+    # More replicas never serve the same traffic worse: a larger count reading worse is
+    # the windows' P99 noise, said, not hidden.
+    assert "16 replicas read P1 TTFT p99 at 82% of its limit, above 12's 77%" in table

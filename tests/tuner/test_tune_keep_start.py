@@ -134,6 +134,12 @@ def test_the_report_s_capacity_table_lists_every_replica_count_tried(
     table = (report / "report.md").read_text().split("## Capacity")[1].split("```")[0]
     row = next((line for line in table.splitlines() if line.startswith("| 1 |")), None)
     assert row is not None and row.startswith("| 1 | no |"), table
-    assert row.endswith(f" {share:.0%} |"), (row, share)
+    assert f" {share:.0%} | " in row, (row, share)
     for n in cap["tried"]:
         assert f"\n| {n} | " in table, table
+    # What is judged is said: the SLO and the headroom apart, and a check of one fewer.
+    assert "| replicas | within SLO | with 10% headroom |" in table, table
+    fewer = out["recommended_replicas"] - 1
+    assert f"To replay one replica fewer ({fewer}) as the check below does:" in table, table
+    section = (report / "report.md").read_text().split("To replay one replica fewer")[1]
+    assert f"--replicas {fewer}" in section.split("```")[1].split("\n")[1], section

@@ -22,7 +22,15 @@ not flat by that test, and the answer said "raise --max-replicas" for a term who
 prompts each alone on an idle replica read 133 ms against its 100 ms limit. So where no
 count holds on a trace, each TTFT term is also held against its class's idle floor
 (``idle_floor.py``): at ``FLOOR_SHARE`` of its limit or more, on every candidate's knobs,
-no replica count holds, and the answer says so with the floor's figures."""
+no replica count holds, and the answer says so with the floor's figures.
+
+"Holds" is the headroom's (every term at most 90 % of its limit), and a count short of
+it may be well within the SLO: a reviewer read "12 replicas hold (11: misses)" and
+``simulate --replicas 11`` held at 80 %, where tune's windows read 91 %. So each count
+says which it missed, the SLO or only the headroom, the count below the answer what it
+missed by and in which window (``simulate`` replays the trace whole, not tune's windows),
+and a larger count reading worse than the answer is named as what it is: the windows'
+P99 noise, since more replicas never serve the same traffic worse."""
 
 from __future__ import annotations
 
@@ -36,7 +44,7 @@ from slopilot.engine.sim.workload_spec import TraceSpec
 from slopilot.tuner.loop.capacity import CapacityPlanner
 from slopilot.tuner.loop.replica_plateau import Flat, flat
 from slopilot.tuner.sim.robust import RobustEvaluator
-from slopilot.tuner.study.objective import TrialResult
+from slopilot.tuner.study.objective import TrialResult, WindowResult
 from slopilot.tuner.study.verdict import term_label, worst_share
 from slopilot.tuner.tune.idle_floor import IdleFloor, idle_floors
 
@@ -53,11 +61,17 @@ class CapacityOutcome:
     hi: int
     tried: Mapping[int, TrialResult] = field(default_factory=dict)
     """The winning candidate's results per count."""
-    searched: tuple[tuple[str, int, bool], ...] = ()
-    """(candidate, replicas, holds) for every simulation, in order."""
+    searched: tuple[tuple[str, int, bool, bool], ...] = ()
+    """(candidate, replicas, holds with the headroom, within the SLO) for every
+    simulation, in order."""
     floors: tuple[IdleFloor, ...] = ()
     """When none holds on a trace: each TTFT-limited class's idle floor, the lowest over
     the candidates' knobs (``idle_floor.py``)."""
+
+    @property
+    def margin(self) -> float:
+        """The headroom the counts were judged with."""
+        return next((r.margin for r in self.tried.values()), 0.0)
 
     def binding(self) -> tuple[IdleFloor, ...]:
         """The floors that leave no replica count to hold their term."""
@@ -73,16 +87,67 @@ class CapacityOutcome:
         """The report's table: per count the winning candidate tried, whether it holds and
         its worst term, named, as a share of its limit."""
         lines = [self.sentence(), "",
-                 "| replicas | holds SLO | worst term | share of limit |", "|---|---|---|---|"]
+                 f"| replicas | within SLO | with {self.margin:.0%} headroom | worst term | "
+                 "share of limit | in window |", "|---|---|---|---|---|---|"]
         for n, r in sorted(self.tried.items()):
             share, name = worst_share(r)
             label = "-" if name is None else term_label(name)[0]
-            lines.append(f"| {n} | {'yes' if r.feasible else 'no'} | {label} | {share} |")
-        return lines
+            window = _worst_window(r)
+            lines.append(f"| {n} | {'yes' if within_slo(r) else 'no'} | "
+                         f"{'yes' if r.feasible else 'no'} | {label} | {share} | "
+                         f"{'-' if window is None else window} |")
+        noise = self.noise()
+        return lines + ([] if noise is None else ["", noise])
+
+    def below(self) -> str | None:
+        """What the count one below the answer missed, and by how much; None where the
+        search did not simulate it."""
+        if self.replicas is None or self.replicas - 1 not in self.tried:
+            return None
+        n, r = self.replicas - 1, self.tried[self.replicas - 1]
+        share, name = worst_share(r)
+        term = "its worst term" if name is None else term_label(name)[0]
+        window = _worst_window(r)
+        where = "" if window is None else f", in {window}"
+        asked = _window_requests(r)
+        if asked is not None:
+            where += f" (a P99 over its {asked:,} requests)"
+        if within_slo(r):
+            return (f"{n} replica{'s are' if n != 1 else ' is'} within the SLO but not the "
+                    f"{self.margin:.0%} headroom: {term} at {share} of its limit (needs at "
+                    f"most {1 - self.margin:.0%}){where}.")
+        return f"{n} replica{'s miss' if n != 1 else ' misses'} the SLO itself: {term} at " \
+            f"{share} of its limit{where}."
+
+    def noise(self) -> str | None:
+        """Where a count above the answer reads worse than it: more replicas never serve
+        the same traffic worse, so that is the windows' P99 noise (a window's P99 is its
+        few largest requests'), said rather than hidden; None where none does."""
+        if self.replicas is None:
+            return None
+        at = max(self.tried[self.replicas].constraints, default=-1.0)
+        worse = [(n, r) for n, r in sorted(self.tried.items())
+                 if n > self.replicas and max(r.constraints, default=-1.0) > at]
+        if not worse:
+            return None
+        answer = worst_share(self.tried[self.replicas])[0]
+        parts = []
+        for n, r in worse:
+            share, name = worst_share(r)
+            term = "its worst term" if name is None else term_label(name)[0]
+            parts.append(f"{n} replicas read {term} at {share} of its limit, above "
+                         f"{self.replicas}'s {answer}"
+                         + ("" if r.feasible else f" (short of the {self.margin:.0%} headroom)"))
+        return ("; ".join(parts) + ". More replicas never serve the same traffic worse: "
+                "the difference is the windows' P99 noise (each window's P99 is its few "
+                "largest requests'), so take counts this close as equal; a longer "
+                "--duration judges each on more requests.")
 
     def sentence(self) -> str:
-        tried = ", ".join(f"{label} on {n}: {'holds' if ok else 'misses'}"
-                          for label, n, ok in self.searched)
+        tried = ", ".join(f"{label} on {n}: " + ("holds with headroom" if ok else
+                                                    "within the SLO, not the headroom"
+                                                    if within else "misses the SLO")
+                          for label, n, ok, within in self.searched)
         if self.replicas is None:
             bound = self.binding()
             if bound:
@@ -97,21 +162,51 @@ class CapacityOutcome:
             return (f"Not even {self.hi} replicas hold the SLO (tried: {tried}); raise "
                     "--max-replicas, relax the SLO, or use a larger GPU or model "
                     "parallelism.")
+        below = self.below()
         return (f"{self.replicas} replica{'s' if self.replicas != 1 else ''} hold the SLO "
-                f"in every window with headroom, with {self.label}'s knobs (tried: {tried}).")
+                f"in every window with {self.margin:.0%} headroom, with {self.label}'s knobs "
+                f"(tried: {tried})." + ("" if below is None else f" {below}"))
 
     def to_dict(self) -> dict[str, Any]:
         flat = self.flat()
         return {"replicas": self.replicas, "lo": self.lo, "hi": self.hi,
                 "config": dict(self.config), "candidate": self.label,
-                "tried": {str(n): {"feasible": r.feasible,
+                "tried": {str(n): {"feasible": r.feasible, "within_slo": within_slo(r),
                                    "worst_term": max(r.constraints, default=0.0),
                                    "worst_term_name": worst_share(r)[1]}
                           for n, r in sorted(self.tried.items())},
                 "flat": None if flat is None else dataclasses.asdict(flat),
                 "idle_floor": [f.to_dict() for f in self.floors],
-                "searched": [{"candidate": label, "replicas": n, "feasible": ok}
-                             for label, n, ok in self.searched]}
+                "searched": [{"candidate": label, "replicas": n, "feasible": ok,
+                              "within_slo": within}
+                             for label, n, ok, within in self.searched]}
+
+
+def within_slo(r: TrialResult) -> bool:
+    """Every term within its limit: the SLO itself, without the headroom."""
+    return all(c <= 0.0 for c in r.constraints)
+
+
+def _deciding(r: TrialResult) -> WindowResult | None:
+    """The window where ``r``'s worst term is, None without windows: the figure
+    ``simulate`` cannot show, since it replays the trace whole."""
+    if not r.windows or not r.constraints:
+        return None
+    i = max(range(len(r.constraints)), key=lambda k: r.constraints[k])
+    return max(r.windows, key=lambda w: w.result.constraints[i])
+
+
+def _worst_window(r: TrialResult) -> str | None:
+    w = _deciding(r)
+    return None if w is None else w.span
+
+
+def _window_requests(r: TrialResult) -> int | None:
+    """How many requests arrived in the deciding window (its P99's sample)."""
+    w = _deciding(r)
+    s = None if w is None else w.result.summary
+    a = None if s is None else s.overall.accounting
+    return None if a is None else a.requests_arrived
 
 
 def capacity_answer(evaluator: RobustEvaluator,
@@ -120,7 +215,7 @@ def capacity_answer(evaluator: RobustEvaluator,
     """Search ``[lo, hi]`` from below (``CapacityPlanner.search``) for each candidate."""
     if not candidates:
         raise ValueError("candidates is empty: the capacity search needs a config")
-    searched: list[tuple[str, int, bool]] = []
+    searched: list[tuple[str, int, bool, bool]] = []
     best: CapacityOutcome | None = None
     seen: list[Mapping[str, Any]] = []
     for label, config in candidates:
@@ -135,7 +230,7 @@ def capacity_answer(evaluator: RobustEvaluator,
                   label: str = label) -> TrialResult:
             note(f"capacity: {label} on {n} replicas ...")
             result = evaluator.at_replicas(n).evaluate(cfg)
-            searched.append((label, n, result.feasible))
+            searched.append((label, n, result.feasible, within_slo(result)))
             note(f"capacity: {label} on {n} replicas "
                  f"{'holds' if result.feasible else 'does not hold'} the SLO")
             return result

@@ -11,6 +11,7 @@ from slopilot.tuner.study.plot_subject import PlotSubject
 from slopilot.tuner.study.report import ReportContext, write_report
 from slopilot.tuner.tune.capacity import CapacityOutcome
 from slopilot.tuner.tune.outcome import Candidate, TuneOutcome
+from slopilot.tuner.tune.settings import check_command
 
 
 def context(outcome: TuneOutcome) -> ReportContext:
@@ -37,11 +38,34 @@ def _capacity_lines(outcome: TuneOutcome, cap: CapacityOutcome) -> list[str]:
     config at 97 % of a limit on 1 replica, beside only the 2-replica row)."""
     tuned = _candidate_result(outcome, cap.label)
     if tuned is None or outcome.settings.replicas in cap.tried:
-        return cap.table_lines()
-    lines = dataclasses.replace(
-        cap, tried={outcome.settings.replicas: tuned, **cap.tried}).table_lines()
-    # The sentence is the search's own (which counts it tried), not the table's.
-    return [cap.sentence(), *lines[1:]]
+        lines = cap.table_lines()
+    else:
+        lines = dataclasses.replace(
+            cap, tried={outcome.settings.replicas: tuned, **cap.tried}).table_lines()
+        # The sentence is the search's own (which counts it tried), not the table's.
+        lines = [cap.sentence(), *lines[1:]]
+    return lines + _one_fewer(outcome, cap)
+
+
+def _one_fewer(outcome: TuneOutcome, cap: CapacityOutcome) -> list[str]:
+    """The check of the count below the answer, and why it may hold there: a reviewer
+    ran ``simulate --replicas 10`` and read 80 % of the limit where tune's windows read
+    90 %, and the report had no word on which to believe."""
+    n = cap.replicas
+    if n is None or n < 2 or outcome.recommended_replicas != n \
+            or outcome.check_command is None:
+        return []
+    lines = ["", f"To replay one replica fewer ({n - 1}) as the check below does:", "",
+             "```", check_command(outcome.settings, cap.config, n - 1), "```"]
+    if outcome.plan.kind != "trace":
+        return lines
+    return lines + [
+        "", "`slopilot simulate` replays the whole trace as one run, its P99 over every "
+        "request in it; tune judged each window on its own (the table's last column names "
+        "the window that decided each count), and one busy window's P99 over its few "
+        "hundred requests reads higher than the whole trace's. So this replay may hold on "
+        f"{n - 1} where the windows did not: the answer is the windows', which the whole "
+        "trace must hold as well (the verdict above)."]
 
 
 def _candidate_result(outcome: TuneOutcome, label: str) -> TrialResult | None:
@@ -56,7 +80,10 @@ def _recommended_result(outcome: TuneOutcome) -> TrialResult | None:
     """The recommendation's figures where the best trial's are not them."""
     cap = outcome.capacity
     if cap is not None and cap.replicas is not None:
-        return cap.tried[cap.replicas]
+        # The whole trace may have asked for more than the windows' count: these are
+        # the figures of the count the windows found, not of the one recommended.
+        return cap.tried[cap.replicas] if outcome.recommended_replicas == cap.replicas \
+            else None
     return outcome.start if outcome.best.is_start and outcome.feasible else None
 
 
