@@ -26,8 +26,24 @@ def test_a_verdict_on_two_requests_says_it_is_judged_on_two(
     trace.write_text("arrival_time,prompt_tokens,output_tokens\n0,100,10\n1,100,10\n")
     out = _tune(trace, capsys)
     verdict = str(out["verdict"])
-    assert f"P1 2 of {DEFAULT_CLASS_REQUESTS} requests" in verdict, verdict
-    assert any("P1 2 of" in str(w) for w in out["warnings"]), out["warnings"]  # type: ignore[attr-defined]
+    # "P1 94 of 100 requests" read as 94 out of 100 sent; it is 94 against a floor of 100.
+    said = (f"P1 had 2 requests in 1 s, fewer than the {DEFAULT_CLASS_REQUESTS} the live "
+            "loop judges a class on (min_class_requests)")
+    assert said in verdict, verdict
+    assert any(said in str(w) for w in out["warnings"]), out["warnings"]  # type: ignore[attr-defined]
+
+
+def test_a_reports_warning_is_a_paragraph_of_its_own(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # It ran into the "## SLO" heading below it, which markdown then did not render.
+    trace = tmp_path / "two.csv"
+    trace.write_text("arrival_time,prompt_tokens,output_tokens\n0,100,10\n1,100,10\n")
+    assert main(["tune", "--trace", str(trace), "--trials", "1", "--max-replicas", "1",
+                 "--json", "--quiet", "--report-dir", str(tmp_path / "rep")]) == 0
+    capsys.readouterr()
+    text = (tmp_path / "rep" / "report.md").read_text()
+    assert "Warning: Judged on few requests" in text
+    assert "\n\n## SLO\n" in text, text
 
 
 def test_a_verdict_on_enough_requests_says_nothing_of_it(

@@ -80,6 +80,12 @@ class Shortfall:
         return (f"{self.label.upper()} {self.requests:.0f} of {self.floor} requests in "
                 f"{_span(self.duration_s)}")
 
+    def had(self) -> str:
+        """``P1 had 94 requests in 60 s``: the count alone, for a sentence that names the
+        floor after it (``94 of 100`` read as 94 of the 100 sent)."""
+        return (f"{self.label.upper()} had {self.requests:.0f} request"
+                f"{'s' if round(self.requests) != 1 else ''} in {_span(self.duration_s)}")
+
 
 def _span(seconds: float) -> str:
     return f"{seconds / 60:.0f} min" if seconds >= 120 else f"{seconds:.0f} s"

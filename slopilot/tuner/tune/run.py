@@ -184,9 +184,9 @@ def few_requests(result: TrialResult, plan: WindowPlan, slo: SLOSpec) -> str | N
     if not shorts:
         return None
     few = min(shorts, key=lambda s: s.requests)
-    return (f"Judged on few requests: {few.describe()}, so its P99 is the largest of them "
-            f"or near it; the live loop judges no trial on fewer than {few.floor} of a class "
-            "(min_class_requests).")
+    return (f"Judged on few requests: {few.had()}, fewer than the {few.floor} the live "
+            "loop judges a class on (min_class_requests), so its P99 is the largest of them "
+            "or near it.")
 
 
 def _whole_check(s: TuneSettings, evaluator: RobustEvaluator, plan: WindowPlan,
