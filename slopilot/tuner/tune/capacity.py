@@ -92,7 +92,9 @@ class CapacityOutcome:
         for n, r in sorted(self.tried.items()):
             share, name = worst_share(r)
             label = "-" if name is None else term_label(name)[0]
-            window = _worst_window(r)
+            # Its name only: the windows' table above gives each one's span and rates.
+            deciding = _deciding(r)
+            window = None if deciding is None else deciding.name
             lines.append(f"| {n} | {'yes' if within_slo(r) else 'no'} | "
                          f"{'yes' if r.feasible else 'no'} | {label} | {share} | "
                          f"{'-' if window is None else window} |")
