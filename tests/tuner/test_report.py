@@ -165,3 +165,27 @@ def test_a_trial_without_samples_reads_no_worst_term_in_the_top_tables() -> None
     assert "| 0 | no | - |" in lines[4], lines
     assert "| 1 | no | 150% (P0 TTFT p99) |" in lines[5], lines
     assert top_row(0, empty)[2] == "-" and top_row(1, measured)[2] == "150%"
+
+
+def test_a_live_studys_report_leaves_out_the_columns_its_windows_cannot_fill(
+        tmp_path: Path) -> None:
+    """The demo's report (live trials, Prometheus windows: no request accounting, no
+    per-request samples, no goodput share) printed "goodput share" and arrived,
+    unfinished, rejected, TTFT mean, max stall and goodput-all columns of "-" only."""
+    tuner = Tuner(open_study(None, "live", sampler="random", seed=1), SearchSpace.from_bounds())
+    for _ in range(2):
+        number, config = tuner.ask()
+        tuner.tell(number, score(window({"p1": figures(400.0, 50.0, 100.0)}), SLO, config))
+    text = write_report(tuner, SLO, tmp_path, title="T", subject=SUBJECT).read_text()
+    top = text.split("## Top 2 trials")[1].split("\n\n")[1]
+    assert "goodput share" not in top and "deciding window" not in top, top
+    assert "| trial | holds SLO | worst term (share of limit) | goodput (tok/s) |" in top, top
+    best = text.split("## The best trial, per window and class")[1].split("## Top")[0]
+    header = next(line for line in best.splitlines() if line.startswith("| class |"))
+    for gone in ("arrived", "unfinished", "rejected", "TTFT mean", "max stall",
+                 "goodput all"):
+        assert f"| {gone} |" not in header, header
+    for kept in ("finished", "TTFT p99", "TBT p99", "goodput out"):
+        assert f"| {kept} |" in header, header
+    assert "| p1 | 10 | 400 ms | 50.0 ms |" in best, best
+    assert "left out: the live windows" in best, best

@@ -197,7 +197,9 @@ def test_the_pareto_plot_draws_the_start_config_named() -> None:
         share = max(start.constraints) + 1.0
         assert any(abs(x - share) < 1e-9 and y == start.value
                    for x, y in _points(ax, colour)), (start, _points(ax, colour))
-        assert [t.get_text() for t in ax.texts] == ["start"]
+        # MISSES is trial 1 too: one point, both named.
+        assert [t.get_text() for t in ax.texts] == \
+            ["start" if start is HOLDS else "start, trial 1"]
 
 
 def test_every_plot_names_the_replica_count_it_ran_on() -> None:
@@ -248,3 +250,43 @@ def test_a_point_under_its_line_is_not_said_to_miss_that_line() -> None:
     labels += [t.get_text() for legend in fig.legends for t in legend.get_texts()]
     assert "misses it" not in labels
     assert "misses the SLO (on this term or another)" in labels, labels
+
+
+def _nothing_holds() -> list[tuple[int, object]]:
+    """rep4: every config read a goodput share of 0 at the same worst term."""
+    return [(n, dataclasses.replace(MISSES, objective=0.0)) for n in range(4)]
+
+
+def test_configs_on_one_point_are_all_named_and_the_share_axis_is_not_a_hair_wide() -> None:
+    """rep4's pareto.png drew 5 configs on one point with only "start" named, on a y axis
+    of -0.04 to 0.04 (a share of 0 read as noise around it)."""
+    from slopilot.tuner.study.report_plots import pareto_figure
+
+    trials = _nothing_holds()
+    start = dataclasses.replace(MISSES, objective=0.0)
+    for fig in (pareto_figure(trials, start=start, subject=SUBJECT),  # type: ignore[arg-type]
+                history_figure(trials, start=start, subject=SUBJECT)):  # type: ignore[arg-type]
+        lo, hi = fig.axes[0].get_ylim()
+        assert lo <= 0.0 and hi >= 1.0, (lo, hi)
+    ax = pareto_figure(trials, start=start, subject=SUBJECT).axes[0]  # type: ignore[arg-type]
+    assert [t.get_text() for t in ax.texts] == ["start, trials 0, 1, 2, 3"]
+
+
+def test_the_recommendation_is_drawn_on_its_own_replica_count() -> None:
+    """rep4 recommended trial 2's knobs on 12 replicas; neither plot drew it."""
+    from slopilot.tuner.study.report_plots import Recommended, pareto_figure
+
+    trials = _nothing_holds()
+    rec = Recommended(dataclasses.replace(HOLDS, objective=1.0), replicas=12, trial=2)
+    for fig in (pareto_figure(trials, subject=SUBJECT, recommended=rec),  # type: ignore[arg-type]
+                history_figure(trials, subject=SUBJECT, recommended=rec)):  # type: ignore[arg-type]
+        ax = fig.axes[0]
+        labels = [c.get_label() for c in ax.collections]
+        assert "recommended: trial 2's knobs on 12 replicas" in labels, labels
+        star = next(c for c in ax.collections if c.get_label().startswith("recommended"))
+        (x, y), = star.get_offsets()
+        assert y == 1.0
+        if fig.axes[0].get_xlabel() == "trial":
+            assert x == 2
+        else:
+            assert abs(x - (max(HOLDS.constraints) + 1.0)) < 1e-9

@@ -103,7 +103,8 @@ def _context_sections(ctx: ReportContext) -> list[str]:
                   ctx.check_command, "```", ""]
     if ctx.command:
         lines += ["Reproduce this study:", "", "```", ctx.command, "```", ""]
-    return lines + list(ctx.extra)
+    # The notes are paragraphs: the last one ran into the heading after it.
+    return lines + list(ctx.extra) + ([""] if ctx.extra else [])
 
 
 def _best_figures(best: TrialResult, slo: SLOSpec,
@@ -111,16 +112,25 @@ def _best_figures(best: TrialResult, slo: SLOSpec,
     """Each window's table as ``slopilot simulate`` prints it, with the lines under it."""
     lines = [f"## {heading}", ""]
     windows = [(w.span, w.result) for w in best.windows] or [("the window", best)]
+    unfilled: set[str] = set()
     for span, r in windows:
         s = r.summary
         if s is None:
             continue
         share = goodput_share(s)
+        gone = _unfilled(s)
+        unfilled |= gone
+        keep = [i for i, c in enumerate(COLUMNS) if c not in gone]
         lines += [f"**{span}**: goodput {s.overall.goodput_tok_s:,.0f} tok/s"
                   + ("" if share is None else f" ({share:.1%} of the output asked for)"), "",
-                  "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-        lines += ["| " + " | ".join(row) + " |" for row in rows(s, slo)]
+                  "| " + " | ".join(COLUMNS[i] for i in keep) + " |", "|" + "---|" * len(keep)]
+        lines += ["| " + " | ".join(row[i] for i in keep) + " |" for row in rows(s, slo)]
         lines += ["", *(f"{line}." for line in footer(s, definitions=False)), ""]
+    if unfilled:
+        lines += [", ".join(c for c in COLUMNS if c in unfilled)[:1].upper()
+                  + ", ".join(c for c in COLUMNS if c in unfilled)[1:]
+                  + " are left out: the live windows count the requests finished and read "
+                  "P99s from histograms, not each request's arrival and times.", ""]
     if not best.windows and best.summary is not None and \
             _beyond_its_window(best, best.summary, slo):
         lines += [f"This trial was judged on more than this window (a live trial within "
@@ -129,6 +139,18 @@ def _best_figures(best: TrialResult, slo: SLOSpec,
                   "window's (the top trials and the plots), is not this table's; the "
                   "table is its last window.", ""]
     return lines + [f"{line}." for line in DEFINITIONS] + [""]
+
+
+_ACCOUNTED = ("arrived", "unfinished", "rejected", "goodput all")
+_PER_REQUEST = ("TTFT mean", "max stall")
+
+
+def _unfilled(summary: WindowSummary) -> set[str]:
+    """The table's columns ``summary`` has no figures for: a live window (the demo's
+    trials, from Prometheus) has no request accounting and no per-request samples, and
+    its table printed six columns of "-" only."""
+    gone = set(_ACCOUNTED) if summary.overall.accounting is None else set()
+    return gone | (set(_PER_REQUEST) if summary.overall.samples is None else set())
 
 
 def _beyond_its_window(result: TrialResult, summary: WindowSummary, slo: SLOSpec) -> bool:
@@ -142,19 +164,31 @@ def _beyond_its_window(result: TrialResult, summary: WindowSummary, slo: SLOSpec
 
 
 def _top(ranked: list[tuple[int, TrialResult]], top: int) -> list[str]:
-    lines = [f"## Top {min(top, len(ranked))} trials", "",
-             "| trial | holds SLO | worst term (share of limit) | goodput share | "
-             "goodput (tok/s, deciding window) | goodput (tok/s, mean of windows) | "
-             "token_budget | chunk_size | max_num_seqs |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for n, r in ranked[:top]:
+    """The top trials' table. A study of one window per trial (the demo's live trials)
+    has no goodput share (its windows do not count the output asked for) and one goodput,
+    not a deciding window's beside the windows' mean: those columns read "-" and the same
+    figure twice there, and are left out."""
+    shown = ranked[:top]
+    shares = any(r.objective is not None for _, r in shown)
+    windows = any(r.windows for _, r in shown)
+    head = ["trial", "holds SLO", "worst term (share of limit)",
+            *(["goodput share"] if shares else []),
+            *(["goodput (tok/s, deciding window)", "goodput (tok/s, mean of windows)"]
+              if windows else ["goodput (tok/s)"]),
+            "token_budget", "chunk_size", "max_num_seqs"]
+    lines = [f"## Top {min(top, len(ranked))} trials", "", "| " + " | ".join(head) + " |",
+             "|" + "---|" * len(head)]
+    for n, r in shown:
         share, term = worst_share(r)
         where = share if term is None or share == "-" else f"{share} ({term_label(term)[0]})"
-        lines.append(f"| {n} | {'yes' if r.feasible else 'no'} | {where} | "
-                     f"{'-' if r.objective is None else f'{r.objective:.1%}'} | "
-                     f"{deciding_goodput(r):,.1f} | {r.goodput_tok_s:,.1f} | "
-                     f"{r.config.get('token_budget', '-')} | "
-                     f"{r.config.get('chunk_size', '-')} | {r.config.get('max_num_seqs', '-')} |")
+        cells = [str(n), "yes" if r.feasible else "no", where]
+        if shares:
+            cells.append("-" if r.objective is None else f"{r.objective:.1%}")
+        cells += [f"{deciding_goodput(r):,.1f}", f"{r.goodput_tok_s:,.1f}"] if windows \
+            else [f"{r.goodput_tok_s:,.1f}"]
+        cells += [str(r.config.get(k, "-")) for k in ("token_budget", "chunk_size",
+                                                      "max_num_seqs")]
+        lines.append("| " + " | ".join(cells) + " |")
     return lines + [""]
 
 
@@ -168,7 +202,8 @@ def report_files(out_dir: Path) -> list[Path]:
 
 
 def caption(img: str, results: Sequence[tuple[int, TrialResult]],
-            start: TrialResult | None) -> str:
+            start: TrialResult | None, recommended: plots.Recommended | None = None,
+            replicas: int | None = None) -> str:
     """What ``img`` shows, naming only what it draws: the demo's live study has no start
     config and asks no headroom, and its report spoke of a star and a dashed line that its
     plots did not have."""
@@ -177,12 +212,20 @@ def caption(img: str, results: Sequence[tuple[int, TrialResult]],
     at_start = "" if start is None else (
         " The start config is drawn as the trials are, at the trial axis's \"start\": "
         + ("green, it holds the SLO." if start.feasible else "a red cross, it misses the SLO."))
+    star = ""
+    if recommended is not None and (img == "pareto.png" or (
+            img == "history.png" and recommended.trial is not None)):
+        on = "" if replicas is None else \
+            f" (the trials ran on {replicas} replica{'s' if replicas != 1 else ''})"
+        star = (f" The gold star is the recommendation, {recommended.what()}"
+                f"{on}: its worst window's goodput share"
+                + (" and worst term" if img == "pareto.png" else "") + " there.")
     if img == "history.png":
         if any(r.feasible for _, r in results) or (start is not None and start.feasible):
             return (f"The objective per trial; green trials hold the SLO{headroom}, the line "
-                    "is the best that holds so far." + at_start)
+                    "is the best that holds so far." + at_start + star)
         return (f"The objective per trial; no trial holds the SLO{headroom}, so there is no "
-                "best-so-far line." + at_start)
+                "best-so-far line." + at_start + star)
     if img == "terms.png":
         return ("What decides feasibility: each class's TTFT and TBT P99 in its worst "
                 "window, per trial, against the SLO (solid)"
@@ -192,7 +235,8 @@ def caption(img: str, results: Sequence[tuple[int, TrialResult]],
                 + ("right of the dashed line a trial lacks the headroom, " if margin else "")
                 + "right of the solid one it breaks the SLO."
                 + (" The start config is the point named \"start\"." if start is not None
-                   else ""))
+                   else "")
+                + " Configs that land on one point are named together there." + star)
     return ("How much of the variation in the target each knob explains (fANOVA over these "
             "trials: a rough guide, not a measurement).")
 
@@ -223,18 +267,20 @@ def write_report(tuner: Tuner, slo: SLOSpec, out_dir: Path, *, subject: PlotSubj
     if context is not None:
         heading += f" (on {context.replicas} replica{'s' if context.replicas != 1 else ''})"
     lines += _best_figures(ranked[0][1], slo, heading) + _top(ranked, top)
-    images = [plots.history(results, out_dir, start, subject=subject)]
+    rec = _recommended(context, results, start)
+    images = [plots.history(results, out_dir, start, subject=subject, recommended=rec)]
     term_plot = plots.terms(results, slo, out_dir, start, subject=subject)
     images += [term_plot] if term_plot else []
-    images.append(plots.pareto(results, out_dir, start, subject=subject))
+    images.append(plots.pareto(results, out_dir, start, subject=subject, recommended=rec))
     imp = importance(tuner.study, [r for _, r in results])
     if imp.values:
         images.append(plots.importance_plot(imp.values, imp.target, out_dir,
                                             subject=subject))
     lines += ["## Plots", ""]
     for img in images:
-        lines += [f"![{img.removesuffix('.png')}]({img})", "", caption(img, results, start),
-                  ""]
+        lines += [f"![{img.removesuffix('.png')}]({img})", "",
+                  caption(img, results, start, rec,
+                          None if context is None else context.replicas), ""]
     if imp.values is None:
         lines.append(f"Knob importance is left out: {imp.reason}.")
     elif imp.reason:
@@ -243,6 +289,21 @@ def write_report(tuner: Tuner, slo: SLOSpec, out_dir: Path, *, subject: PlotSubj
         lines += ["", f"Time: {context.timing}."]
     _remove_undrawn(out_dir, drawn=images)
     return _write(out_dir, [*lines, *tail])
+
+
+def _recommended(context: ReportContext | None, results: Sequence[tuple[int, TrialResult]],
+                 start: TrialResult | None) -> plots.Recommended | None:
+    """The recommendation where the plots do not draw it: on another replica count than
+    the trials (the capacity answer's), at the trial whose knobs it has."""
+    if context is None or context.recommended_result is None \
+            or context.recommended_replicas in (None, context.replicas):
+        return None
+    rec = context.recommended_result
+    trial = next((n for n, r in results if r.config == rec.config), None)
+    if trial is None and start is not None and start.config == rec.config:
+        trial = plots.START
+    assert context.recommended_replicas is not None
+    return plots.Recommended(rec, context.recommended_replicas, trial)
 
 
 def _remove_undrawn(out_dir: Path, drawn: Sequence[str]) -> None:

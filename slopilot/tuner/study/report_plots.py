@@ -13,6 +13,13 @@ Each names its ``PlotSubject`` (workload, twin and replica count, run) in its su
 Where the run has a start config (``tune``'s), the per-trial plots draw it where they
 draw the trials, at x ``START`` (ticked "start"), in the colour and marker of its
 outcome: it is a candidate ranked with them and may be the recommendation.
+
+Where ``tune`` recommends a config on more replicas than the study ran on (the capacity
+answer), the history and the Pareto plot draw that recommendation too, a star at its
+knobs' trial and named with its replica count: rep4 recommended trial 2's knobs on 12
+replicas, and neither plot showed it. Configs on one point (rep4: five at a goodput share
+of 0) are named together, and a goodput-share axis whose points all lie within a hair
+spans 0 to 1 (it read -0.04 to 0.04, a share of 0 as noise around nothing).
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from __future__ import annotations
 import io
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +41,38 @@ Results = Sequence[tuple[int, TrialResult]]
 
 START = -1
 """The start config's place on the trial axes: before trial 0."""
+
+
+@dataclass(frozen=True)
+class Recommended:
+    """The recommendation where it is not one of the drawn points: its knobs' result on
+    the ``replicas`` it is recommended on."""
+
+    result: TrialResult
+    replicas: int
+    trial: int | None
+    """The trial whose knobs it has (``START``: the start config's); None: none drawn."""
+
+    def what(self) -> str:
+        """``trial 2's knobs on 12 replicas``."""
+        knobs = "the start config's" if self.trial == START else (
+            "its" if self.trial is None else f"trial {self.trial}'s")
+        return f"{knobs} knobs on {self.replicas} replica{'s' if self.replicas != 1 else ''}"
+
+    def label(self) -> str:
+        return f"recommended: {self.what()}"
+
+
+def _draw_recommended(ax: Any, x: float, y: float, rec: Recommended) -> None:
+    ax.scatter([x], [y], marker="*", s=160, c="gold", edgecolors="black", linewidths=0.8,
+               zorder=5, label=rec.label())
+
+
+def _share_axis(ax: Any, values: Sequence[float], share: bool) -> None:
+    """A goodput share's axis spans 0 to 1 where its points lie within a hair of each
+    other: matplotlib's own -0.04 to 0.04 around five zeros read as noise."""
+    if share and values and max(values) - min(values) < 0.05:
+        ax.set_ylim(min(-0.05, min(values) - 0.05), max(1.05, max(values) + 0.05))
 
 
 def _pyplot() -> Any:
@@ -110,14 +150,14 @@ def _whole_trials(ax: Any, start: bool = False) -> None:
 
 
 def history(results: Results, out: Path, start: TrialResult | None = None, *,
-            subject: PlotSubject) -> str:
-    fig = history_figure(results, start=start, subject=subject)
+            subject: PlotSubject, recommended: Recommended | None = None) -> str:
+    fig = history_figure(results, start=start, subject=subject, recommended=recommended)
     save(fig, out / "history.png", dpi=100)
     return "history.png"
 
 
 def history_figure(results: Results, *, start: TrialResult | None = None,
-                   subject: PlotSubject) -> Any:
+                   subject: PlotSubject, recommended: Recommended | None = None) -> Any:
     """The objective per trial and the best that holds so far, from the start config on
     (when given); where none holds, the plot says so, and its legend names only what it
     draws."""
@@ -140,10 +180,15 @@ def history_figure(results: Results, *, start: TrialResult | None = None,
             best.append(running if math.isfinite(running) else math.nan)
         ax.step([n for n, _ in results], best, where="post", c="black",
                 label="best that holds, so far")
+    values = [r.value for _, r in results]
+    if recommended is not None and recommended.trial is not None:
+        _draw_recommended(ax, recommended.trial, recommended.result.value, recommended)
+        values.append(recommended.result.value)
     title = "Trial history" if ok else "Trial history: no trial holds the SLO"
     if not ok and start is not None:
         title = "Trial history: neither the start config nor any trial holds the SLO"
     ax.set(xlabel="trial", ylabel=objective_label(trials), title=title)
+    _share_axis(ax, values, share=any(r.objective is not None for _, r in trials))
     _whole_trials(ax, start=start is not None)
     ax.legend(loc="best")
     name_figure(fig, subject)
@@ -243,15 +288,34 @@ def terms_figure(results: Results, slo: SLOSpec, start: TrialResult | None = Non
 
 
 def pareto(results: Results, out: Path, start: TrialResult | None = None, *,
-           subject: PlotSubject) -> str:
-    save(pareto_figure(results, start=start, subject=subject), out / "pareto.png", dpi=100)
+           subject: PlotSubject, recommended: Recommended | None = None) -> str:
+    save(pareto_figure(results, start=start, subject=subject, recommended=recommended),
+         out / "pareto.png", dpi=100)
     return "pareto.png"
 
 
+def _coincident(results: Results, pts: Sequence[tuple[float, float]]
+                ) -> list[tuple[tuple[float, float], list[int]]]:
+    """The points that more than one config lands on, and the start config's, each with
+    the configs there (``START`` for the start config), in drawing order."""
+    groups: dict[tuple[float, float], list[int]] = {}
+    for (n, _), (x, y) in zip(results, pts, strict=True):
+        groups.setdefault((round(x, 9), round(y, 9)), []).append(n)
+    return [(xy, ns) for xy, ns in groups.items() if len(ns) > 1 or START in ns]
+
+
+def _names(configs: Sequence[int]) -> str:
+    """``start, trials 0, 1, 2, 3``: the configs drawn on one point."""
+    trials = [n for n in configs if n != START]
+    parts = (["start"] if START in configs else []) + ([_trials(trials)] if trials else [])
+    return ", ".join(parts)
+
+
 def pareto_figure(results: Results, *, start: TrialResult | None = None,
-                  subject: PlotSubject) -> Any:
+                  subject: PlotSubject, recommended: Recommended | None = None) -> Any:
     """Each config's objective against its worst term; the start config (when given)
-    among the trials, named "start"."""
+    among the trials, named "start"; configs on one point named together; the
+    recommendation on its own replica count, where given, a star."""
     plt = _pyplot()
     trials = results
     results = _with_start(results, start)
@@ -261,9 +325,17 @@ def pareto_figure(results: Results, *, start: TrialResult | None = None,
     ax.scatter([y for _, y in pts], [x for x, _ in pts], c=colors, alpha=0.7,
                label="trials" + (" and the start config" if start is not None else "")
                + " (green: holds the SLO)")
-    if start is not None:
-        ax.annotate("start", (pts[0][1], pts[0][0]), xytext=(4, 4),
-                    textcoords="offset points", fontsize=8)
+    right = max((y for _, y in pts), default=0.0)
+    for (value, share), configs in _coincident(results, pts):
+        # Left of a point at the axis's right end: a list of names ran off the plot.
+        end = share >= right and len(configs) > 1
+        ax.annotate(_names(configs), (share, value), xytext=(-4 if end else 4, 6),
+                    textcoords="offset points", fontsize=8, ha="right" if end else "left")
+    values = [x for x, _ in pts]
+    if recommended is not None:
+        worst = max(recommended.result.constraints, default=-1.0) + 1.0
+        _draw_recommended(ax, worst, recommended.result.value, recommended)
+        values.append(recommended.result.value)
     front = sorted(pareto_front([(x, y) for x, y in pts]), key=lambda i: pts[i][1])
     ax.plot([pts[i][1] for i in front], [pts[i][0] for i in front], "o-", c="tab:orange",
             mfc="none", label="Pareto front")
@@ -273,7 +345,8 @@ def pareto_figure(results: Results, *, start: TrialResult | None = None,
         ax.axvline(1.0 - margin, c="black", lw=1, ls="--", label=f"{margin:.0%} headroom")
     from matplotlib.ticker import NullFormatter, PercentFormatter
 
-    xs = [y for _, y in pts] + [1.0]
+    xs = [y for _, y in pts] + [1.0] + ([] if recommended is None else [
+        max(recommended.result.constraints, default=-1.0) + 1.0])
     log = max(xs) / max(min(xs), 1e-3) > 10
     if log:
         ax.set_xscale("log")
@@ -281,6 +354,7 @@ def pareto_figure(results: Results, *, start: TrialResult | None = None,
     ax.xaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
     ax.set(xlabel="worst SLO term, as a share of its limit" + (" (log)" if log else ""),
            ylabel=objective_label(trials), title="Goodput against the worst SLO term")
+    _share_axis(ax, values, share=any(r.objective is not None for _, r in trials))
     ax.legend(fontsize=8)
     name_figure(fig, subject)
     fig.tight_layout()
