@@ -19,22 +19,22 @@ AZURE = load_scenario("azure-conv-2023")
 TINY = load_scenario("tiny-cpu")
 
 
-def test_a_trace_plan_is_its_busiest_windows_and_a_typical_one() -> None:
+def test_a_trace_plan_is_its_busiest_windows_a_typical_one_and_its_heaviest_prompts() -> None:
     plan = plan_windows(AZURE)
     assert plan.kind == "trace"
-    # The shipped hour's typical minute, weighted by requests (the minute a typical
-    # request arrives in), is 1,080-1,140 s: it holds part of the minute of the hour's
-    # heaviest prompts (1,054-1,114 s, whose P99-rank prompt has 6,280 tokens), and its
-    # own P99-rank prompt is within HEAVY_RATIO of that, so no heaviest-prompts window is
-    # added (with the unweighted median, typical was 420-480 s and it was).
-    assert [w.name for w in plan.windows] == ["busiest arrivals", "busiest tokens", "typical"]
+    # The shipped hour's heaviest prompts: a minute whose P99-rank prompt (the 10th of
+    # its 888) has 6,280 tokens, where the others' has ~4,130 (the windows' own P99
+    # TTFT on 2-4 replicas is highest there).
+    assert [w.name for w in plan.windows] == ["busiest arrivals", "busiest tokens", "typical",
+                                              "heaviest prompts"]
     assert all(w.length_s == 60.0 and w.warmup_s == 30.0 for w in plan.windows)
-    assert plan.simulated_s == 3 * (30 + 60 + 20)
+    assert plan.simulated_s == 4 * (30 + 60 + 20)
     assert plan == plan_windows(AZURE)  # chosen once, the same every time
     text = plan.describe()
-    assert "busiest windows and a typical one, 60 s each (+30 s warm-up" in text
+    assert "busiest windows, a typical one and its heaviest prompts', 60 s each (+30 s " \
+        "warm-up" in text
     assert "busiest arrivals: 725-785 s" in text
-    assert "typical: 1,080-1,140 s (13.9 req/s" in text
+    assert "heaviest prompts: 1,054-1,114 s" in text and "6,280+ tokens at its P99" in text
 
 
 def test_a_generated_plan_is_several_seeds_and_whole_is_one_window() -> None:

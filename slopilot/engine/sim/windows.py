@@ -22,8 +22,8 @@ options give the same windows):
   minute a live alert fires on); judged without it, a study said "holds" where the
   whole trace missed;
 - a typical one: the window of the trace's fixed grid whose arrival and token rates are
-  closest to the medians over the grid's windows with arrivals, each window weighted by
-  its requests (the window a typical request arrives in), overlapping neither
+  closest to the medians over the grid's windows that carry the traffic (with arrivals,
+  less the quietest that together hold under 5 % of the requests), overlapping neither
   (none when every such window overlaps them). Empty windows are left out: a bursty
   trace's median minute is silent, and a config judged on silence is judged on nothing;
 - the heaviest prompts, where they lie outside those: the window whose prompt at its
@@ -149,12 +149,27 @@ def _rates(times: np.ndarray, tokens: np.ndarray, starts: np.ndarray,
     return (hi - lo).astype(np.float64), cum[hi] - cum[lo]
 
 
-def _weighted_median(values: np.ndarray, weights: np.ndarray) -> float:
-    """The value below which half the weight lies (the lower one at an exact half):
-    ``values`` weighted by ``weights`` (each window's rate by its requests)."""
-    order = np.argsort(values, kind="stable")
-    cum = np.cumsum(weights[order])
-    return float(values[order][int(np.searchsorted(cum, cum[-1] / 2))])
+# The quietest windows with arrivals that, all together, hold less than this share of a
+# trace's requests are no traffic to be typical of: a diurnal trace's night minutes.
+QUIET_SHARE = 0.05
+
+
+def _carrying(counts: np.ndarray) -> np.ndarray:
+    """Which windows carry the traffic: those with arrivals, less the quietest that
+    together hold under ``QUIET_SHARE`` of the requests (windows tied at the cut left out
+    only where all of them fit under it, so the choice never hangs on their order)."""
+    busy = counts > 0
+    if not busy.any():
+        return busy
+    bound = QUIET_SHARE * float(counts.sum())
+    ranked = np.sort(counts[busy])
+    quiet = ranked[np.cumsum(ranked) < bound]
+    if not len(quiet):
+        return busy
+    cut = float(quiet[-1])
+    if float(counts[counts <= cut].sum()) < bound:
+        return counts > cut
+    return busy & (counts >= cut)
 
 
 def _grid_with_arrivals(times: np.ndarray, span: float, length_s: float) -> np.ndarray:
@@ -361,15 +376,13 @@ def trace_windows(records: Sequence[TraceRecord], length_s: float, *, warmup_s: 
         chosen.append(make("sharpest burst", burst, count[0], tok[0]))
     grid = _grid_with_arrivals(times, span, length_s)
     g_counts, g_toks = _rates(times, tokens, grid, length_s)
-    # Typical of the traffic, not of the clock: the window a typical request arrives in,
-    # so each window weighs as many requests as it holds. A sparse or bursty trace's
-    # median window is empty, and an empty window judges nothing; a diurnal one's median
-    # window with arrivals was a night minute of 2 requests ("typical: 0.0 req/s"), where
-    # 99 % of its requests arrived in minutes of ~2 req/s.
-    busy = g_counts > 0
+    # Typical of the traffic, not of the clock: the windows that carry it only. A sparse
+    # or bursty trace's median window is empty, and an empty window judges nothing; a
+    # diurnal one's median window with arrivals was a night minute of 2 requests
+    # ("typical: 0.0 req/s"), where 99 % of its requests arrived in minutes of ~2 req/s.
+    busy = _carrying(g_counts)
     if busy.any():
-        mc = _weighted_median(g_counts[busy], g_counts[busy])
-        mt = _weighted_median(g_toks[busy], g_counts[busy])
+        mc, mt = float(np.median(g_counts[busy])), float(np.median(g_toks[busy]))
         distance = np.abs(g_counts / max(mc, 1e-9) - 1) + np.abs(g_toks / max(mt, 1e-9) - 1)
         # A typical window has room for its whole warm-up where the trace allows one.
         distance = distance + np.where(grid >= warmup_s, 0.0, 1e6)

@@ -101,7 +101,7 @@ def test_the_shipped_conversation_trace_gets_no_fullest_cache_window() -> None:
     # cache (~448k tokens) is never near full.
     plan = plan_windows(load_scenario("azure-conv-2023"))
     assert [w.name for w in plan.windows] == ["busiest arrivals", "busiest tokens",
-                                              "typical"]
+                                              "typical", "heaviest prompts"]
 
 
 def test_both_or_neither_of_residency_and_room() -> None:
