@@ -14,7 +14,9 @@ than that on average), at least one. The few still waiting then get their first 
 within that target, inside ``settle_s``. No window is measured meanwhile, the early
 look's included, and the wait does not count against ``max_trial_s`` (``started_at``
 and ``began_at`` move to the drain, as to a rollout's end): that bounds a window, and
-the floor of requests a verdict needs is no nearer for a backlog served.
+the floor of requests a verdict needs is no nearer for a backlog served. The drain's
+moment is the tick's ``now``, not a clock read after the look: the queue is read at that
+instant (``QueueGauge.queue(now)``), however long the query takes to answer.
 
 A config that does not drain the backlog is judged on it, from its start as before, and
 fails (its users get those latencies, and it is no config for this load): once

@@ -98,6 +98,9 @@ class LoopContext:
                 f"margins scale_up={scale_up_margin!r}, headroom={headroom_margin!r}: "
                 "need 0 <= scale_up_margin <= headroom_margin < 1 (e.g. 0.1 and 0.2)")
         self.headroom_margin, self.scale_up_margin = headroom_margin, scale_up_margin
+        self.clock: Callable[[], float] | None = None
+        """Where the tick's ``now`` was read (``Controller.tick``'s ``clock``), read again
+        by ``took_effect``; None: a virtual clock that stands still within a tick."""
 
     def _forget_best_outside_space(self) -> None:
         """An open episode's best (or one whose rollback is still owed) that this
@@ -123,6 +126,17 @@ class LoopContext:
                summary: WindowSummary | None = None) -> Decision:
         return Decision(self.loop.state, action, reason, self.deployment.replicas(),
                         self.loop.prometheus_unavailable, trial, config, summary)
+
+    def took_effect(self, now: float) -> float:
+        """When the action that just returned (an apply, a scale, a read that saw a
+        rollout done) took effect: the tick's clock read now, never before the tick's
+        ``now``; ``now`` itself where the tick has no clock (a virtual one that stands
+        still within a tick). Taken after the call returns: a config a PUT is still
+        carrying does not yet serve, and a window counted from before it measured the
+        config before (``Controller.tick``)."""
+        if self.clock is None:
+            return now
+        return max(now, self.clock())
 
     def restore(self, canary: bool) -> None:
         """Back to the episode's best config, or the one it started from."""

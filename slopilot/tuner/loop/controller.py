@@ -28,7 +28,11 @@ The states and every move between them (``transitions.TRANSITIONS``, drawn by
 the moves it returns (each checked against the table) until a step returns the tick's
 ``Decision``. It never sleeps, so the demo's loop, the benchmark's virtual clock and the
 operator's kopf daemon all drive the same object; ``now`` is seconds on the evaluator's
-clock (Unix time for Prometheus). Guardrails: any error during an episode rolls back to
+clock (Unix time for Prometheus). A caller that reads ``now`` from a clock passes the
+clock too (``tick(now, clock=...)``): what an action starts (a trial's window, a
+cooldown, a rollout's watch, a wait for replicas) counts from the clock read after the
+action returned (``LoopContext.took_effect``), as a tick may take minutes before it
+applies anything. Guardrails: any error during an episode rolls back to
 its best known (or its starting) config, and outside one leaves the deployment's config
 as it is (``LoopState.rollback_config``); a rollback whose apply fails is owed: tried
 again before anything else at later ticks, with a growing wait, and no episode starts
@@ -44,7 +48,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from slopilot.tuner.loop import restore
@@ -77,7 +81,14 @@ class Controller(LoopContext):
     def to_dict(self) -> dict[str, Any]:
         return self.loop.to_dict()
 
-    def tick(self, now: float) -> Decision:
+    def tick(self, now: float, *, clock: Callable[[], float] | None = None) -> Decision:
+        """One step of the loop at ``now``. ``clock`` is where ``now`` was read (the
+        operator's and the demo's wall clock): read again after each action returns, it
+        times what the action starts (a trial's window, a cooldown, a rollout's watch, a
+        wait for replicas) from when the action took effect, not from the tick's start
+        (``LoopContext.took_effect``). None: a virtual clock that stands still within the
+        tick (the benchmarks, the simulated cluster), and nothing new is read."""
+        self.clock = clock
         loop = self.loop
         if moved := rebase_future(loop, self.settings, now):
             log.warning("%s: times kept in the future of the clock (it stepped back, or the "

@@ -222,7 +222,7 @@ def commit(ctx: LoopContext, tick: Tick, entered: Go | None) -> Decision | Go:
     # Its rollout, watched through the cooldown, is reverted to the committed config the
     # episode began on where it sticks (``rollout_wait.cooling``).
     previous = loop.baseline_config
-    rollout_watch.began(loop, tick.now, config=loop.best_config,
+    rollout_watch.began(loop, ctx.took_effect(tick.now), config=loop.best_config,
                         revert_to=previous if previous != loop.best_config else None)
     return Go(ControllerState.COOLDOWN, Event.COMMITTED, f"commit: {reason}",
               action=Action.COMMIT, config=loop.best_config, summary=summary)

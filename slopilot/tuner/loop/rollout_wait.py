@@ -6,15 +6,17 @@ pods only: the loading one is not seen at all, so no window was rejected for it)
 good config was told infeasible on the old config's figures. So a trial whose apply left
 the deployment ``Pending`` (``DeploymentHandle.settled``) is held: no window measured,
 no early look (a fleet half rolled out is judged on nothing, its breaches included), no
-next trial. Once ``Settled``, its window starts from that moment. ``Stuck`` (past the
+next trial. Once ``Settled``, its window starts from that moment (the clock read after the
+look that saw it, ``LoopContext.took_effect``). ``Stuck`` (past the
 Deployment's progress deadline, paused, or not moved for the loop's own bound:
 ``rollout_watch.py``) ends it failed, ``rollout_stuck``, rolls it back, and holds its
 config from trials for a while.
 
 A cooldown (after a commit, a rollback or a scale) does not end while the rollout it
 began runs: STEADY would read alerts and start an episode on the old pods' figures; and
-it counts from the rollout's end (``ended``): the alerts' windows until then measured
-the old pods too. A
+it counts from the rollout's end (``ended``, read after the look that saw it): the
+alerts' windows until then measured the old pods too. A rollout's watch begins when the
+apply that began it returned. A
 commit whose rollout is stuck is reverted: left, the Deployment kept a new ReplicaSet that
 never became ready, ``status.tunedConfig`` said committed what no pod ran, and every
 later reconcile rendered the stuck template. The committed config before it (the old
@@ -49,12 +51,16 @@ def trial(ctx: LoopContext, now: float, t: RunningTrial) -> Decision:
         why = f"rollout_stuck trial {t.number}: {state.why}"
         ctx.study.tell_failed(t.number, why)
         entry = rollout_watch.hold(ctx, now, t.config, state.why)
-        rollout_watch.began(ctx.loop, now)  # the rollback's own rollout
-        return end_trial(ctx, t, TrialOutcome.FAILED, Action.REVERT,
-                         f"{why}; rolled back, its config held from trials for "
-                         f"{entry.until - now:.0f} s", None)
+        ended = end_trial(ctx, t, TrialOutcome.FAILED, Action.REVERT,
+                          f"{why}; rolled back, its config held from trials for "
+                          f"{entry.until - now:.0f} s", None)
+        # The rollback's own rollout, watched from when its apply returned.
+        rollout_watch.began(ctx.loop, ctx.took_effect(now))
+        return ended
     t.rolling = False
-    t.started_at = t.began_at = now
+    # From the read that saw it done, not from the tick's start: the rollout may have
+    # ended while this tick read the alerts and the rollout's state.
+    t.started_at = t.began_at = ctx.took_effect(now)
     return ctx.decide(Action.NONE, f"trial {t.number} rolled out: its window starts",
                       trial=t.number)
 
@@ -91,7 +97,8 @@ def ended(ctx: LoopContext, now: float) -> None:
     if not isinstance(ctx.deployment.settled(now), Settled):
         return
     loop.rollout = None  # ended: ``cooling``'s look finds it settled
-    loop.cooldown_until = max(loop.cooldown_until, now + ctx.settings.cooldown_s)
+    loop.cooldown_until = max(loop.cooldown_until,
+                              ctx.took_effect(now) + ctx.settings.cooldown_s)
 
 
 def _revert_commit(ctx: LoopContext, now: float, watch: RolloutWatch, why: str) -> Go:
@@ -112,7 +119,7 @@ def _revert_commit(ctx: LoopContext, now: float, watch: RolloutWatch, why: str) 
         log.exception("%s: the stuck commit's revert failed", ctx.settings.key)
         kept = restore.failed(loop, now, exc)
         done = f"the revert failed: {restore.owed(kept, now)}"
-    rollout_watch.began(loop, now)
+    rollout_watch.began(loop, ctx.took_effect(now))
     return Go(ControllerState.COOLDOWN, Event.COMMIT_STUCK,
               f"commit_reverted: rollout_stuck: {why}; {done}; the stuck config held "
               f"from trials for {entry.until - now:.0f} s", action=Action.REVERT, config=previous)

@@ -57,9 +57,10 @@ class Look:
 
 
 def bought(ctx: LoopContext, now: float, asked: int) -> None:
-    """A scale-up to ``asked`` made now: its replicas are waited for. A kept refusal
+    """A scale-up to ``asked`` made now: its replicas are waited for, from when the scale
+    returned (``replica_ready_s`` is the pods' time, not the tick's). A kept refusal
     stays: ``held`` let this one through only once it ended or up to what served."""
-    ctx.loop.replica_wait = ReplicaWait(asked, now)
+    ctx.loop.replica_wait = ReplicaWait(asked, ctx.took_effect(now))
 
 
 def look(ctx: LoopContext, now: float, *, give_up: bool = True) -> Look:
@@ -80,8 +81,9 @@ def look(ctx: LoopContext, now: float, *, give_up: bool = True) -> Look:
         short = loop.replicas_short
         if short is not None and counts.ready > short.ready:  # more than were refused
             loop.replicas_short = None
-        if loop.cooldown_until is not None:
-            loop.cooldown_until = max(loop.cooldown_until, now + s.cooldown_s)
+        if loop.cooldown_until is not None:  # from the read that saw them ready
+            loop.cooldown_until = max(loop.cooldown_until,
+                                      ctx.took_effect(now) + s.cooldown_s)
         return Look()
     waited = now - wait.since
     if waited < s.replica_ready_s or not give_up:

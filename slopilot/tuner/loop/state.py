@@ -31,7 +31,9 @@ class RunningTrial:
     number: int
     config: dict[str, Any]
     started_at: float
-    """Start of the current window (moved on a repeat or after Prometheus returns)."""
+    """Start of the current window: when the trial's apply returned (the controller's
+    clock, ``LoopContext.took_effect``); moved on a repeat, a confirming window, a
+    rollout's end, a drained backlog or after Prometheus returns."""
     canary: bool
     repeats: int = 0
     warm: bool = False
@@ -46,7 +48,7 @@ class RunningTrial:
     edge_goodput: float | None = None
     """That first window's goodput (tokens/s), as judged then."""
     began_at: float | None = None
-    """When the trial was applied (``started_at`` moves on a repeat or a confirming
+    """When the trial's apply returned (``started_at`` moves on a repeat or a confirming
     window): ``max_trial_s`` counts from here. None in a state from before it: from
     ``started_at``."""
     edge_from: float | None = None
@@ -127,7 +129,8 @@ class RolloutWatch:
     moved, and, for a commit's, the committed config it replaced."""
 
     since: float
-    """When the rollout last went past its furthest (or the watch began)."""
+    """When the rollout last went past its furthest (or the watch began: the return of
+    the apply that began the rollout)."""
     generation: int | None = None
     """The template whose counts the next three are; None: none read yet."""
     updated: int = 0
@@ -162,7 +165,7 @@ class ReplicaWait:
     asked: int
     """The count the scale asked for: the wait ends once that many serve."""
     since: float
-    """When the scale was made (the controller's clock): ``replica_ready_s`` counts
+    """When the scale returned (the controller's clock): ``replica_ready_s`` counts
     from here."""
 
 

@@ -12,7 +12,9 @@ headroom), or holds it with no count and more than fewer do not move it
 it is re-confirmed on the loop's own window measured after it before it acts
 (``_unconfirmed``), and a sustained-breach alert counts only once its rule's last
 evaluation read a window that starts after the action took effect (``_read_after``; the
-cooldown counts from then: a rollout's end, a scale-up's replicas ready).
+cooldown counts from then: its apply's or scale's return, a rollout's end, a scale-up's
+replicas ready, each the clock read after the call that did or saw it,
+``LoopContext.took_effect``).
 COOLDOWN after a scale-up also waits for the replicas it bought (those that never come
 are given back), and a scale alert is held for ``max_backoff_s`` after replicas bought
 never served (``scale_wait.py``).
@@ -276,7 +278,9 @@ def _scale_down(ctx: LoopContext, now: float) -> Go | str | None:
 def cooldown(ctx: LoopContext, tick: Tick, entered: Go | None) -> Decision | Go:
     loop = ctx.loop
     if entered is not None:
-        loop.cooldown_until = tick.now + ctx.settings.cooldown_s
+        # From when the action that led here took effect (its apply or scale returned),
+        # not from the tick's start: the steps before it may have taken minutes.
+        loop.cooldown_until = ctx.took_effect(tick.now) + ctx.settings.cooldown_s
         scale_wait.look(ctx, tick.now, give_up=False)  # ready at once: the wait ends
         rollout_wait.ended(ctx, tick.now)  # a live apply: in effect now
         return ctx.decide(entered.action, entered.reason, config=entered.config,

@@ -1,6 +1,12 @@
 """A live trial's start and end: the next trial asked of the study and applied to the
 canary or every replica (or, at the episode's trial limits, COMMIT), and an ended trial
-counted, its replicas restored."""
+counted, its replicas restored.
+
+A trial starts when its apply returns (``LoopContext.took_effect``), not at the tick's
+``now``: its window, its ``max_trial_s`` and its rollout's watch count from there. The
+hour's trial count (``trial_starts``) keeps the tick's ``now``: it is entered before the
+apply, so that an apply that raises still counts, and it bounds how many trials an hour
+starts, not what a window measures."""
 
 from __future__ import annotations
 
@@ -55,13 +61,17 @@ def next_trial(ctx: LoopContext, now: float, reason: str) -> Decision | Go:
         with contextlib.suppress(Exception):  # RUNNING, held by nothing until it is stale
             ctx.study.tell_failed(number, f"not applied: {type(exc).__name__}: {exc}")
         raise
+    # The config serves from the apply's return, not from the tick's start: the ask and
+    # the apply before it may have taken minutes (an RDB storage, a slow API server, a
+    # canary's PUT), and a window counted from ``now`` measured the config before it.
+    applied = ctx.took_effect(now)
     # A rollout's config runs nowhere yet: its window waits (``rollout_wait.py``); one
     # found stuck already is ended there, at the next look.
     if not canary:
-        rollout_watch.began(loop, now)
-    rolling = rollout_watch.look(ctx, now)
-    loop.trial = RunningTrial(number, dict(config), now, canary,
-                              canary_replica=replica if canary else None, began_at=now,
+        rollout_watch.began(loop, applied)
+    rolling = rollout_watch.look(ctx, applied)
+    loop.trial = RunningTrial(number, dict(config), applied, canary,
+                              canary_replica=replica if canary else None, began_at=applied,
                               rolling=not isinstance(rolling, Settled), draining=True,
                               study=ctx.study.name)
     where = "canary" if canary else "all replicas"

@@ -1,4 +1,6 @@
-"""A running trial's window and its verdict: measured past its first ``settle_s``, looked
+"""A running trial's window and its verdict: measured past its first ``settle_s`` from
+when its config took effect (its apply's return, ``trial.py``; a rollout's end or a
+drained backlog where it waited for one), looked
 at early for a breach that cuts it short, repeated when the window says nothing of it
 (rejected, or without a sample of the class the alerts are about), confirmed on a second
 window when it holds within ``HEADROOM`` of a limit, and scored: a trial that holds sends
