@@ -238,7 +238,9 @@ class DeploymentLoop:
                                              self.controller.settings.window_s, self.clock())
                 self.scrapes = ScrapeCheck(self.controller.evaluator,
                                            self.controller.settings.window_s, self.clock())
-            decision = self.controller.tick(self.clock())
+            # The clock too: what an apply starts (a trial's window, a cooldown) counts
+            # from its return, which may be minutes into the tick.
+            decision = self.controller.tick(self.clock(), clock=self.clock)
             self._write(decision, now_rfc3339())
         except (SpecError, ControllerError) as exc:
             self.close()  # rebuilt once the spec or the environment is fixed

@@ -531,7 +531,9 @@ def _control_loop(opts: DemoOptions, ctl: Controller, dep: LocalDeployment,
                 shifted = True
                 load.set_phase(after)
                 say(f"SHIFT: prompts ~{after.prompt_mean:g} tokens, P0 {after.classes['p0']:.0%}")
-            d = ctl.tick(now)
+            # The clock too: a tick that waited on the study or a replica's PUT starts
+            # its trial's window when the config is applied, not at ``now``.
+            d = ctl.tick(now, clock=clock)
             at = say.elapsed()
             story.alerts_now(recorded.current, at)
             story.decided(d, ctl, at)
