@@ -106,9 +106,9 @@ def test_a_daemon_whose_tick_raced_anothers_write_drops_its_trial(
     prom.fire("SlopilotTTFTP99High", "retune", "chat", NS)
     tick = b.controller.tick
 
-    def raced(now: float) -> Any:  # a writes its trial while b's tick is under way
+    def raced(now: float, **kw: Any) -> Any:  # a writes its trial while b's tick is under way
         assert a.step()
-        return tick(now)
+        return tick(now, **kw)
 
     monkeypatch.setattr(b.controller, "tick", raced)
     assert b.step()
@@ -151,10 +151,10 @@ def a_records_first(a: Any, b: Any, monkeypatch: pytest.MonkeyPatch,
     tick = b.controller.tick
     seen: list[T] = []
 
-    def raced(now: float) -> Any:
+    def raced(now: float, **kw: Any) -> Any:
         assert a.step()
         seen.append(observe())
-        return tick(now)
+        return tick(now, **kw)
 
     monkeypatch.setattr(b.controller, "tick", raced)
     assert b.step()
@@ -186,12 +186,12 @@ def both_apply_before_a_writes(a: Any, b: Any, study: optuna.Study,
     a_tick, b_tick = a.controller.tick, b.controller.tick
     seen: list[T] = []
 
-    def raced(now: float) -> Any:
-        mine = a_tick(now)  # a's trial applied, its state not yet written
+    def raced(now: float, **kw: Any) -> Any:
+        mine = a_tick(now, **kw)  # a's trial applied, its state not yet written
         seen.append(observe())
-        theirs = b_tick(now)  # b's applied over it
+        theirs = b_tick(now, **kw)  # b's applied over it
         seen.append(observe())
-        monkeypatch.setattr(a.controller, "tick", lambda _now: mine)
+        monkeypatch.setattr(a.controller, "tick", lambda _now, **_: mine)
         assert a.step()  # a's state written first
         return theirs
 

@@ -94,8 +94,8 @@ def test_tuning_turned_off_mid_trial_says_the_deployment_no_longer_tunes(
         controller = loop.controller
         tick = controller.tick
 
-        def turned_off_during(now: float) -> Any:  # the edit lands while a tick runs
-            decision = tick(now)
+        def turned_off_during(now: float, **kw: Any) -> Any:  # the edit lands mid-tick
+            decision = tick(now, **kw)
             cluster.patch("chat", {"spec": {"tuning": {"enabled": False}}})
             handler_reconcile(cluster, policy, mint)  # the update handler
             return decision
@@ -204,8 +204,8 @@ def test_the_state_an_ended_daemon_writes_replaces_the_one_on_record(
         controller = loop.controller
         tick = controller.tick
 
-        def checked(now: float) -> Any:  # a check that measured p0 only, learned nothing
-            decision = tick(now)
+        def checked(now: float, **kw: Any) -> Any:  # measured p0 only, learned nothing
+            decision = tick(now, **kw)
             controller.loop.twin = {"trusted": False, "classes": {"p0": cell},
                                     "correctionFactors": {}}
             return decision
