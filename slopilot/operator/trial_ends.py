@@ -56,7 +56,7 @@ from slopilot.tuner.loop.state import ControllerState, EndedTrial, LoopState, Pe
 from slopilot.tuner.loop.transitions import Event, check
 from slopilot.tuner.study.storage import StudyStorageError
 from slopilot.tuner.study.storage_url import shown
-from slopilot.tuner.study.study_family import LeftTrial, fail_left_trial, told_failed
+from slopilot.tuner.study.study_family import LeftTrial, fail_left_trial, in_family, told_failed
 from slopilot.tuner.study.study_target import StudyTarget
 
 log = logging.getLogger(__name__)
@@ -201,6 +201,13 @@ def end_told(state: LoopState, body: Mapping[str, Any], policy: OperatorPolicy,
     if t is None or t.study is None:
         return
     meta = body["metadata"]
+    # The status is writable by whoever may write it: another CR's study named there is
+    # not read (its trials' failure reasons would be written into this CR's status).
+    if not in_family(study_name(meta["namespace"], meta["name"], meta.get("uid") or ""),
+                     t.study):
+        log.warning("%s/%s: the trial on record names study %r, not this CR's: not read",
+                    meta["namespace"], meta["name"], t.study)
+        return
     try:
         url = resolve_storage(named, policy.storage_rules, meta["namespace"])
         reason = told_failed(url, t.study, t.number)

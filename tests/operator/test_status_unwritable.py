@@ -285,3 +285,34 @@ def test_the_failed_write_is_said_by_kopf_as_a_warning_event_on_the_cr(
     assert "500" in event.message and "injected failure" in event.message
     ref = event.involved_object
     assert (ref.kind, ref.name, ref.namespace, ref.uid) == ("LLMDeployment", "chat", NS, uid)
+
+
+def test_a_forged_trial_study_of_another_cr_is_not_read(tmp_path: Path) -> None:
+    """``end_told`` read whatever study ``status.controller.trial.study`` named: a tenant
+    who can write its status named another CR's study in the shared default storage and
+    got that study's failure reason written into its own status and the operator's log
+    (and whether its trial exists). Only this CR's own studies are read, as
+    ``fail_left_trial`` reads only them."""
+    from slopilot.operator.trial_ends import end_told
+    from slopilot.tuner.loop.state import LoopState
+    from slopilot.tuner.study.storage import open_study
+
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    for name in ("team-b/chat/1111-bbbb", "team-a/evil/2222-aaaa"):
+        study = open_study(url, name)
+        trial = study.ask()
+        trial.set_user_attr("fail_reason", f"private to {name}")
+        study.tell(trial.number, state=TrialState.FAIL)
+    body = {"metadata": {"namespace": "team-a", "name": "evil", "uid": "2222-aaaa"},
+            "spec": {}}
+
+    def told(study: str) -> LoopState:
+        state = LoopState.from_dict({"state": "tuning", "trial": {
+            "number": 0, "config": {}, "started_at": 0.0, "canary": False, "study": study}})
+        end_told(state, body, OperatorPolicy(default_storage=url), url)
+        return state
+
+    forged = told("team-b/chat/1111-bbbb")
+    assert forged.trial is not None and "private" not in (forged.reason or "")
+    own = told("team-a/evil/2222-aaaa")  # its own study: read, the trial ended
+    assert own.trial is None and "private to team-a/evil/2222-aaaa" in (own.reason or "")
