@@ -140,3 +140,29 @@ def test_a_list_of_strings_of_the_wrong_type_is_named_as_such() -> None:
     with pytest.raises(ControllerError) as info:
         LoopState.from_dict({"episode_classes": [1]})
     assert "expected a list of strings" in str(info.value)
+
+
+def test_a_saved_states_texts_are_read_back_one_line_and_bounded() -> None:
+    """The state's free texts (an owed restore's error, a stuck config's why, the scale's
+    reason) go into the decision's reason, the operator's log and a Warning event; the
+    status they live in is anyone's with status rights to write. A forged error of a
+    newline and 200 kB wrote its own line into the shared operator log, claiming to be
+    about another tenant, and a 200 kB line. Read back, a text is one line (control
+    characters escaped) and at most ``MAX_STATE_TEXT`` characters; the operator's own
+    texts read back as written."""
+    from slopilot.tuner.loop.state_fields import MAX_STATE_TEXT
+
+    forged = "x\n[2026-12-07 17:00:00,000] kopf.objects [WARNING] [team-b/chat] FORGED: " \
+        + "y" * 200_000
+    state = LoopState.from_dict({
+        "state": "steady", "scale_reason": "a\rb\x1b[31mc\u2028d",
+        "pending_restore": {"since": 1.0, "attempts": 0, "retry_at": 1.0, "error": forged},
+        "stuck_configs": [{"config": {"chunk_size": 256}, "until": 5.0, "why": "z\n" * 3}]})
+    assert state.pending_restore is not None
+    error = state.pending_restore.error
+    assert "\n" not in error and len(error) <= MAX_STATE_TEXT
+    assert error.startswith("x\\n[2026-12-07 17:00:00,000] kopf.objects")
+    assert state.scale_reason == "a\\rb\\x1b[31mc\\u2028d"
+    assert state.stuck_configs[0].why == "z\\n" * 3
+    own = LoopState.from_dict({"state": "steady", "reason": "trial 3 holds: P0 TTFT 1.2 s"})
+    assert own.reason == "trial 3 holds: P0 TTFT 1.2 s"

@@ -15,7 +15,7 @@ from typing import Any
 
 from slopilot.engine.sim.quote import excerpt
 from slopilot.tuner.loop.errors import ControllerError
-from slopilot.tuner.loop.state_fields import check_fields
+from slopilot.tuner.loop.state_fields import check_fields, texts_read
 
 
 class ControllerState(enum.StrEnum):
@@ -325,7 +325,8 @@ class LoopState:
         if unknown:
             raise ControllerError(f"controller state: unknown field(s) {unknown}; "
                                   "was it written by a newer slopilot?")
-        values = dict(data)
+        # Its texts one line each and bounded: they reach the log and events.
+        values = {k: texts_read(v) for k, v in data.items()}
         # Written before the count was kept: not known, which is not "none measured".
         values.setdefault("episode_measured", None)
         try:

@@ -8,6 +8,7 @@ letting a TypeError escape from deep inside a tick.
 from __future__ import annotations
 
 import math
+import re
 import types
 import typing
 from collections.abc import Mapping
@@ -17,6 +18,14 @@ from slopilot.engine.sim.quote import excerpt
 from slopilot.tuner.loop.errors import ControllerError
 
 _HINTS: dict[type, dict[str, Any]] = {}
+
+MAX_STATE_TEXT = 2048
+"""The most characters a text of a saved state is read back with: the longest the loop
+writes (a reason naming an API error) is a few hundred."""
+
+# What would start a line of its own, or paint one, in a log or an event: C0 and C1
+# controls and Unicode's line and paragraph separators.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 _MAY_BE_NEGATIVE = frozenset({"edge_constraints"})
 """The numbers of the state that may be below zero (a constraint below zero held). Every
@@ -85,3 +94,27 @@ def _type_name(hint: Any) -> str:
         (item,) = typing.get_args(hint)
         return {float: "a list of numbers", str: "a list of strings"}.get(item, "a list")
     return {dict: "a mapping"}.get(origin, str(hint))
+
+
+def one_line(text: str) -> str:
+    """``text`` as a saved state's text is read back: its control characters escaped as
+    Python writes them (``\\n``), and cut to ``MAX_STATE_TEXT`` characters, saying how
+    long it was. The state's texts go into decisions' reasons, the operator's log and
+    events; a forged one wrote a line of its own into the shared log."""
+    flat = _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+    if len(flat) <= MAX_STATE_TEXT:
+        return flat
+    tail = f"... ({len(flat)} characters)"
+    return flat[:MAX_STATE_TEXT - len(tail)] + tail
+
+
+def texts_read(value: Any) -> Any:
+    """``value`` with every text in it, nested in mappings and lists, read back by
+    ``one_line`` (keys are left to the fields' own checks)."""
+    if isinstance(value, str):
+        return one_line(value)
+    if isinstance(value, Mapping):
+        return {k: texts_read(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [texts_read(v) for v in value]
+    return value
