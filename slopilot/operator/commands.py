@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from slopilot.operator.kubeapi import Kube
+    from slopilot.operator.kubeapi import ApiError, Kube
 
 # The peering object of manifests/kopf-peering.yaml (kept here so --help needs no kopf).
 PEERING_NAME = "slopilot"
@@ -161,6 +161,8 @@ def run(args: argparse.Namespace) -> int:
         else:
             log.info("slopilot operator: peering %r at priority %d (lifetime %d s)",
                      args.peering, args.priority, lifetime)
+        if not args.standalone and not args.all_namespaces:
+            _keep_peerings(kube, args, stop)
         threading.Thread(target=_reclaim,
                          args=(None if args.all_namespaces else args.namespace,),
                          name="study-reclaim", daemon=True).start()
@@ -199,13 +201,31 @@ def _reach_api(kube: Kube, args: argparse.Namespace, stop: threading.Event) -> b
                 if not_ready(exc):
                     raise NotReady(exc) from None
                 raise SystemExit(f"slopilot operator: cannot create the peering object "
-                                 f"{args.peering!r}: {exc}; apply "
-                                 "manifests/kopf-peering.yaml (its CRDs) first") from None
+                                 f"{args.peering!r}: {exc}; {_peering_fix(exc)}") from None
         return True
 
     reached = until_reachable(step, server=server_of(kube), wait=stop.wait,
                               warn=lambda line: log.warning("slopilot operator: %s", line))
     return bool(reached)
+
+
+def _peering_fix(exc: ApiError) -> str:
+    """What the administrator does about a refused peering object."""
+    if exc.status == 403:
+        return ("grant the operator's account the ClusterRole slopilot-operator in that "
+                "namespace (a RoleBinding, docs/operations.md), or run --standalone")
+    return "apply manifests/kopf-peering.yaml (its CRDs) first"
+
+
+def _keep_peerings(kube: Kube, args: argparse.Namespace, stop: threading.Event) -> None:
+    """A KopfPeering in each namespace kopf starts serving while it runs (a glob's, one
+    created again): peering_keeper.py, beside kopf."""
+    from slopilot.operator.peering_keeper import keep_peerings
+    from slopilot.operator.study_reclaim import serving
+
+    threading.Thread(target=keep_peerings, args=(kube, args.peering,
+                                                 serving(args.namespace), stop),
+                     name="peering-keeper", daemon=True).start()
 
 
 def _reclaim(namespaces: list[str] | None) -> None:

@@ -4,11 +4,16 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import httpx
 import kubernetes.client
@@ -16,6 +21,7 @@ import pytest
 import yaml
 
 from slopilot.operator.crd import crd_manifest
+from slopilot.operator.kubeapi import ApiError, Kube
 from slopilot.tuner.local.held_port import HeldPort
 from tests.operator.operator_support import Cluster, llmd, wait_for
 from tests.support import waits
@@ -101,3 +107,62 @@ def test_the_operator_makes_its_peering_object_where_it_works(
     assert ensure_peering(api, "slopilot", namespaces=[]) == []  # there already
     assert ensure_peering(api, "slopilot", namespaces=["team-a", "team-*"]) == [
         "KopfPeering/team-a/slopilot"]  # a glob names no namespace to put one in
+
+
+class RefusingIn(Kube):
+    """The emulator, but a create in ``namespace`` answered ``error`` (NamespaceLifecycle
+    admission's answers are not the emulator's)."""
+
+    def __init__(self, client: kubernetes.client.ApiClient, namespace: str,
+                 error: ApiError) -> None:
+        super().__init__(client)
+        self.namespace, self.error = namespace, error
+
+    def create(self, api_version: str, plural: str, namespace: str | None,
+               body: Mapping[str, Any]) -> dict[str, Any]:
+        if namespace == self.namespace:
+            raise self.error
+        return super().create(api_version, plural, namespace, body)
+
+
+@pytest.mark.parametrize("error", [
+    ApiError(403, "Forbidden", 'kopfpeerings.kopf.dev "slopilot" is forbidden: unable to '
+             "create new content in namespace team-b because it is being terminated"),
+    ApiError(404, "NotFound", 'namespaces "team-b" not found'),
+], ids=["terminating", "gone"])
+def test_a_namespace_gone_or_being_deleted_is_skipped_at_the_start(
+        kube: RunningEmulator, kube_client: kubernetes.client.ApiClient,
+        caplog: pytest.LogCaptureFixture, error: ApiError) -> None:
+    """Stopping there was a deadlock: the namespace waits on its CR's finalizer, which
+    only the operator releases."""
+    from slopilot.cli import build_parser
+    from slopilot.operator.commands import _reach_api
+
+    kube.install(*yaml.safe_load_all(PEERING.read_text()))
+    args = build_parser().parse_args(
+        ["operator", "--namespace", "team-a", "--namespace", "team-b"])
+    with caplog.at_level(logging.WARNING):
+        assert _reach_api(RefusingIn(kube_client, "team-b", error), args, threading.Event())
+    assert Kube(kube_client).get("kopf.dev/v1", "kopfpeerings", "team-a", "slopilot")
+    assert "namespace team-b " in caplog.text and "the other namespaces are served" \
+        in caplog.text, caplog.text
+
+
+@pytest.mark.parametrize(("error", "fix"), [
+    (ApiError(403, "Forbidden", 'kopfpeerings.kopf.dev is forbidden: User "x" cannot '
+              'create resource "kopfpeerings" in the namespace "team-b"'),
+     "ClusterRole slopilot-operator in that namespace"),
+    (ApiError(404, "NotFound", "the server could not find the requested resource"),
+     "apply manifests/kopf-peering.yaml (its CRDs) first"),
+], ids=["rbac", "no-crd"])
+def test_a_refused_peering_object_stops_the_start_naming_the_fix(
+        kube: RunningEmulator, kube_client: kubernetes.client.ApiClient,
+        error: ApiError, fix: str) -> None:
+    from slopilot.cli import build_parser
+    from slopilot.operator.commands import _reach_api
+
+    kube.install(*yaml.safe_load_all(PEERING.read_text()))
+    args = build_parser().parse_args(
+        ["operator", "--namespace", "team-a", "--namespace", "team-b"])
+    with pytest.raises(SystemExit, match=re.escape(fix)):
+        _reach_api(RefusingIn(kube_client, "team-b", error), args, threading.Event())
