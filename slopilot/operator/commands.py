@@ -13,11 +13,12 @@ import signal
 import sys
 import threading
 import urllib.parse
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from slopilot.operator.kubeapi import ApiError, Kube
+    from slopilot.operator.peering import Ensured
 
 # The peering object of manifests/kopf-peering.yaml (kept here so --help needs no kopf).
 PEERING_NAME = "slopilot"
@@ -154,20 +155,24 @@ def run(args: argparse.Namespace) -> int:
         log.info("slopilot operator: controller series at %s:%d/metrics", *args.metrics)
     stop = _stop_event()
     with _signals_stop(stop):
-        if not _reach_api(kube, args, stop):
+        reached = _reach_api(kube, args, stop)
+        if reached is None:
             return 0  # stopped while it waited
+        namespaces = _still_served(args.namespace or [], reached.closed)
         if args.standalone:
             log.info("slopilot operator: standalone (no peering)")
         else:
             log.info("slopilot operator: peering %r at priority %d (lifetime %d s)",
                      args.peering, args.priority, lifetime)
         if not args.standalone and not args.all_namespaces:
-            _keep_peerings(kube, args, stop)
+            from slopilot.operator.study_reclaim import serving
+
+            _keep_peerings(kube, args.peering, serving(namespaces), stop)
         threading.Thread(target=_reclaim,
                          args=(None if args.all_namespaces else args.namespace,),
                          name="study-reclaim", daemon=True).start()
         return _run_until_signalled(lambda stop: kopf.run(
-            clusterwide=args.all_namespaces, namespaces=args.namespace,
+            clusterwide=args.all_namespaces, namespaces=namespaces,
             standalone=args.standalone or None,
             peering_name=None if args.standalone else args.peering,
             priority=None if args.standalone else args.priority,
@@ -179,16 +184,18 @@ def _stop_event() -> threading.Event:
     return threading.Event()
 
 
-def _reach_api(kube: Kube, args: argparse.Namespace, stop: threading.Event) -> bool:
-    """Wait for the API server to answer, then make the peering object (unless
-    standalone); False where a stop came first. An API server that does not answer may
-    be starting: waited for, one line a try. A refused peering is permanent: the
-    command stops."""
+def _reach_api(kube: Kube, args: argparse.Namespace,
+               stop: threading.Event) -> Ensured | None:
+    """Wait for the API server to answer, then make the peering objects (unless
+    standalone); None where a stop came first. An API server that does not answer may
+    be starting: waited for, one line a try. A namespace gone or being deleted is
+    skipped (``closed``); any other refused peering object is permanent: the command
+    stops."""
     from slopilot.operator.api_reach import NotReady, not_ready, server_of, until_reachable
     from slopilot.operator.kubeapi import ApiError
-    from slopilot.operator.peering import ensure_peering
+    from slopilot.operator.peering import Ensured, ensure_peering
 
-    def step() -> bool:
+    def step() -> Ensured:
         try:
             kube.request("GET", "/version")
         except ApiError as exc:  # an answer, a refusal too, is a server there; but a 5xx
@@ -196,17 +203,32 @@ def _reach_api(kube: Kube, args: argparse.Namespace, stop: threading.Event) -> b
                 raise NotReady(exc) from None
         if not args.standalone:
             try:
-                ensure_peering(kube, args.peering, namespaces=args.namespace)
+                return ensure_peering(kube, args.peering, namespaces=args.namespace)
             except ApiError as exc:
                 if not_ready(exc):
                     raise NotReady(exc) from None
                 raise SystemExit(f"slopilot operator: cannot create the peering object "
                                  f"{args.peering!r}: {exc}; {_peering_fix(exc)}") from None
-        return True
+        return Ensured()
 
-    reached = until_reachable(step, server=server_of(kube), wait=stop.wait,
-                              warn=lambda line: log.warning("slopilot operator: %s", line))
-    return bool(reached)
+    return until_reachable(step, server=server_of(kube), wait=stop.wait,
+                           warn=lambda line: log.warning("slopilot operator: %s", line))
+
+
+def _still_served(namespaces: list[str], closed: Mapping[str, str]) -> list[str]:
+    """The ``--namespace`` patterns less each namespace found gone or being deleted at
+    the start: served by kopf with no peering object in it (none can be made there), it
+    would pause every other namespace until it is gone, and it is held by its CRs'
+    finalizers, which the paused operator never releases. Served again at the next
+    start. Where every one is closed, all stay (kopf serves every namespace given
+    none)."""
+    kept = [ns for ns in namespaces if ns not in closed]
+    for ns, why in closed.items():
+        log.warning("slopilot operator: namespace %s %s: not served until the operator "
+                    "starts again; end its LLMDeployments with `slopilot operator "
+                    "uninstall -n %s` (docs/operations.md, deleting a served namespace)",
+                    ns, why, ns)
+    return kept or namespaces
 
 
 def _peering_fix(exc: ApiError) -> str:
@@ -217,14 +239,13 @@ def _peering_fix(exc: ApiError) -> str:
     return "apply manifests/kopf-peering.yaml (its CRDs) first"
 
 
-def _keep_peerings(kube: Kube, args: argparse.Namespace, stop: threading.Event) -> None:
+def _keep_peerings(kube: Kube, name: str, served: Callable[[str], bool],
+                   stop: threading.Event) -> None:
     """A KopfPeering in each namespace kopf starts serving while it runs (a glob's, one
     created again): peering_keeper.py, beside kopf."""
     from slopilot.operator.peering_keeper import keep_peerings
-    from slopilot.operator.study_reclaim import serving
 
-    threading.Thread(target=keep_peerings, args=(kube, args.peering,
-                                                 serving(args.namespace), stop),
+    threading.Thread(target=keep_peerings, args=(kube, name, served, stop),
                      name="peering-keeper", daemon=True).start()
 
 

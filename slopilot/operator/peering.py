@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from slopilot.operator.kubeapi import ApiError, Kube
 
@@ -66,13 +67,23 @@ def ensure_one(kube: Kube, name: str, namespace: str | None) -> bool:
     return True
 
 
-def ensure_peering(kube: Kube, name: str, *, namespaces: Sequence[str]) -> list[str]:
-    """Create the peering object(s) ``name`` where missing; returns what was created.
-    Namespaces given by a glob are left to peering_keeper.py; one gone or being deleted
-    is skipped with a warning. ApiError for any other refusal."""
+@dataclass
+class Ensured:
+    """What ``ensure_peering`` did."""
+
+    created: list[str] = field(default_factory=list)
+    """``Kind/namespace/name`` of each object created."""
+    closed: dict[str, str] = field(default_factory=dict)
+    """namespace -> why none could be (gone, or being deleted)."""
+
+
+def ensure_peering(kube: Kube, name: str, *, namespaces: Sequence[str]) -> Ensured:
+    """Create the peering object(s) ``name`` where missing. Namespaces given by a glob
+    are left to peering_keeper.py; one gone or being deleted is skipped with a warning
+    (``closed``). ApiError for any other refusal."""
     targets: list[str | None] = (
         [None] if not namespaces else [ns for ns in namespaces if not is_glob(ns)])
-    created = []
+    done = Ensured()
     for namespace in dict.fromkeys(targets):
         try:
             made = ensure_one(kube, name, namespace)
@@ -80,9 +91,11 @@ def ensure_peering(kube: Kube, name: str, *, namespaces: Sequence[str]) -> list[
             if namespace is None or (why := namespace_closed(exc)) is None:
                 raise
             log.warning("slopilot operator: namespace %s %s: no peering object made "
-                        "there (%s); the other namespaces are served", namespace, why, exc)
+                        "there (%s)", namespace, why, exc)
+            done.closed[namespace] = why
             continue
         if made:
             kind = "KopfPeering" if namespace else "ClusterKopfPeering"
-            created.append(f"{kind}/{namespace}/{name}" if namespace else f"{kind}/{name}")
-    return created
+            done.created.append(f"{kind}/{namespace}/{name}" if namespace
+                                else f"{kind}/{name}")
+    return done

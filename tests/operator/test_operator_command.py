@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -103,9 +103,10 @@ def test_the_operator_makes_its_peering_object_where_it_works(
 
     kube.install(*yaml.safe_load_all(PEERING.read_text()))  # the CRDs only
     api = Kube(kube_client)
-    assert ensure_peering(api, "slopilot", namespaces=[]) == ["ClusterKopfPeering/slopilot"]
-    assert ensure_peering(api, "slopilot", namespaces=[]) == []  # there already
-    assert ensure_peering(api, "slopilot", namespaces=["team-a", "team-*"]) == [
+    assert ensure_peering(api, "slopilot", namespaces=[]).created == [
+        "ClusterKopfPeering/slopilot"]
+    assert ensure_peering(api, "slopilot", namespaces=[]).created == []  # there already
+    assert ensure_peering(api, "slopilot", namespaces=["team-a", "team-*"]).created == [
         "KopfPeering/team-a/slopilot"]  # a glob names no namespace to put one in
 
 
@@ -142,10 +143,11 @@ def test_a_namespace_gone_or_being_deleted_is_skipped_at_the_start(
     args = build_parser().parse_args(
         ["operator", "--namespace", "team-a", "--namespace", "team-b"])
     with caplog.at_level(logging.WARNING):
-        assert _reach_api(RefusingIn(kube_client, "team-b", error), args, threading.Event())
+        reached = _reach_api(RefusingIn(kube_client, "team-b", error), args,
+                             threading.Event())
+    assert reached is not None and list(reached.closed) == ["team-b"]
     assert Kube(kube_client).get("kopf.dev/v1", "kopfpeerings", "team-a", "slopilot")
-    assert "namespace team-b " in caplog.text and "the other namespaces are served" \
-        in caplog.text, caplog.text
+    assert f"namespace team-b {reached.closed['team-b']}" in caplog.text, caplog.text
 
 
 @pytest.mark.parametrize(("error", "fix"), [
@@ -166,3 +168,32 @@ def test_a_refused_peering_object_stops_the_start_naming_the_fix(
         ["operator", "--namespace", "team-a", "--namespace", "team-b"])
     with pytest.raises(SystemExit, match=re.escape(fix)):
         _reach_api(RefusingIn(kube_client, "team-b", error), args, threading.Event())
+
+
+def test_a_namespace_being_deleted_at_the_start_is_left_out_of_kopf(
+        kube_login: RunningEmulator, kopf_runs: list[Callable[[threading.Event], None]],
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Served without its KopfPeering (none can be created there), it would hold every
+    other namespace paused until it is gone, which its CR's finalizer prevents."""
+    import kopf
+
+    from slopilot.cli import main
+    from slopilot.operator import commands, kubeapi
+
+    kube_login.install(*yaml.safe_load_all(PEERING.read_text()))
+    terminating = ApiError(403, "Forbidden", "unable to create new content in namespace "
+                           "team-b because it is being terminated")
+    monkeypatch.setattr(kubeapi, "Kube", lambda client: RefusingIn(client, "team-b",
+                                                                   terminating))
+    kept: list[Callable[[str], bool]] = []
+    monkeypatch.setattr(commands, "_keep_peerings", lambda kube, name, served, stop:
+                        kept.append(served))
+    served: dict[str, Any] = {}
+    monkeypatch.setattr(kopf, "run", lambda **kwargs: served.update(kwargs))
+    with caplog.at_level(logging.WARNING):
+        assert main(["operator", "--namespace", "team-a", "--namespace", "team-b",
+                     "--peering", "slopilot"]) == 0
+    kopf_runs[0](threading.Event())
+    assert served["namespaces"] == ["team-a"]
+    assert kept[0]("team-a") and not kept[0]("team-b")
+    assert "slopilot operator uninstall -n team-b" in caplog.text, caplog.text
