@@ -270,6 +270,14 @@ def prometheus_tls(env: Mapping[str, str]) -> TLSVerify:
     return tls
 
 
+DAEMON_EXIT_WAIT_S = 2.0
+"""How long kopf waits for a stopped daemon to end before it looks again only after the
+daemon's ``cancellation_backoff`` (15 s for the tuning daemon): a deleted CR's daemon
+ends its trial and study (I/O, under a second as a rule), and its finalizer was
+released only at that second look, about 15 s after each deletion. Waited per object,
+in that object's own worker."""
+
+
 def peering_lifetime_s() -> int:
     """How long a silent peer counts as alive: ``$SLOPILOT_PEERING_LIFETIME_S`` or 60."""
     raw = os.environ.get(PEERING_LIFETIME_ENV)
@@ -304,3 +312,4 @@ def configure(settings: kopf.OperatorSettings) -> None:
     settings.networking.request_timeout = REQUEST_TIMEOUT_S
     settings.execution.default_backoff = RETRY_BACKOFF_S
     settings.execution.max_workers = HANDLER_THREADS
+    settings.background.instant_exit_timeout = DAEMON_EXIT_WAIT_S

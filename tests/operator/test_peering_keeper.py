@@ -114,7 +114,8 @@ class Operator:
         env.pop("POD_ID", None)
         self.log = (tmp_path / "operator.log").open("w+")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "slopilot.cli", "operator", *args, "--peering", PEERING],
+            [sys.executable, "-m", "slopilot.cli", "operator", *args,
+             *(() if "--standalone" in args else ("--peering", PEERING))],
             env=env, stdout=self.log, stderr=subprocess.STDOUT)
 
     def output(self) -> str:
