@@ -155,18 +155,23 @@ def run(args: argparse.Namespace) -> int:
         log.info("slopilot operator: controller series at %s:%d/metrics", *args.metrics)
     stop = _stop_event()
     with _signals_stop(stop):
+        from slopilot.operator.peering import is_glob, terminating_namespaces
+        from slopilot.operator.study_reclaim import serving
+
         reached = _reach_api(kube, args, stop)
         if reached is None:
             return 0  # stopped while it waited
-        namespaces = _still_served(args.namespace or [], reached.closed)
+        closed = dict(reached.closed)
+        if not args.standalone and any(is_glob(ns) for ns in args.namespace or []):
+            closed |= terminating_namespaces(kube, serving(
+                [ns for ns in args.namespace if is_glob(ns)]))
+        namespaces = _still_served(args.namespace or [], closed)
         if args.standalone:
             log.info("slopilot operator: standalone (no peering)")
         else:
             log.info("slopilot operator: peering %r at priority %d (lifetime %d s)",
                      args.peering, args.priority, lifetime)
         if not args.standalone and not args.all_namespaces:
-            from slopilot.operator.study_reclaim import serving
-
             _keep_peerings(kube, args.peering, serving(namespaces), stop)
         threading.Thread(target=_reclaim,
                          args=(None if args.all_namespaces else args.namespace,),
@@ -219,10 +224,17 @@ def _still_served(namespaces: list[str], closed: Mapping[str, str]) -> list[str]
     """The ``--namespace`` patterns less each namespace found gone or being deleted at
     the start: served by kopf with no peering object in it (none can be made there), it
     would pause every other namespace until it is gone, and it is held by its CRs'
-    finalizers, which the paused operator never releases. Served again at the next
-    start. Where every one is closed, all stay (kopf serves every namespace given
-    none)."""
+    finalizers, which the paused operator never releases. A glob matching one is given
+    its exclusion. Served again at the next start. Where every one is closed, all stay
+    (kopf serves every namespace given none)."""
+    from slopilot.operator.peering import is_glob
+    from slopilot.operator.study_reclaim import serving
+
     kept = [ns for ns in namespaces if ns not in closed]
+    # A glob keeps its other namespaces: the closed ones it matches excluded, in kopf's
+    # syntax ("team-*, !team-b").
+    kept = [", ".join([ns, *(f"!{c}" for c in closed if serving([ns])(c))])
+            if is_glob(ns) else ns for ns in kept]
     for ns, why in closed.items():
         log.warning("slopilot operator: namespace %s %s: not served until the operator "
                     "starts again; end its LLMDeployments with `slopilot operator "

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from slopilot.operator.kubeapi import ApiError, Kube
@@ -99,3 +99,16 @@ def ensure_peering(kube: Kube, name: str, *, namespaces: Sequence[str]) -> Ensur
             done.created.append(f"{kind}/{namespace}/{name}" if namespace
                                 else f"{kind}/{name}")
     return done
+
+
+def terminating_namespaces(kube: Kube, served: Callable[[str], bool]) -> dict[str, str]:
+    """The served namespaces being deleted now (namespace -> why), from a list of
+    namespaces; none where the list is refused (peering_keeper.py warns of that)."""
+    try:
+        listed = kube.list("v1", "namespaces", None)
+    except ApiError as exc:
+        log.debug("namespaces not listed (%s)", exc)
+        return {}
+    return {ns["metadata"]["name"]: "is being deleted (Terminating)" for ns in listed
+            if ns.get("metadata", {}).get("deletionTimestamp")
+            and served(ns["metadata"]["name"])}

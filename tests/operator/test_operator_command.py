@@ -197,3 +197,28 @@ def test_a_namespace_being_deleted_at_the_start_is_left_out_of_kopf(
     assert served["namespaces"] == ["team-a"]
     assert kept[0]("team-a") and not kept[0]("team-b")
     assert "slopilot operator uninstall -n team-b" in caplog.text, caplog.text
+
+
+def test_a_namespace_of_a_glob_being_deleted_at_the_start_is_left_out_of_kopf(
+        kube_login: RunningEmulator, kopf_runs: list[Callable[[threading.Event], None]],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import kopf
+
+    from slopilot.cli import main
+    from slopilot.operator import commands
+
+    kube_login.install(*yaml.safe_load_all(PEERING.read_text()),
+                       *({"apiVersion": "v1", "kind": "Namespace", "metadata": meta}
+                         for meta in ({"name": "team-a"},
+                                      {"name": "team-b", "finalizers": ["test/hold"]})))
+    with kube_login.api_client() as client:
+        kubernetes.client.CoreV1Api(client).delete_namespace("team-b")  # Terminating
+    kept: list[Callable[[str], bool]] = []
+    monkeypatch.setattr(commands, "_keep_peerings", lambda kube, name, served, stop:
+                        kept.append(served))
+    served: dict[str, Any] = {}
+    monkeypatch.setattr(kopf, "run", lambda **kwargs: served.update(kwargs))
+    assert main(["operator", "--namespace", "team-*", "--peering", "slopilot"]) == 0
+    kopf_runs[0](threading.Event())
+    assert served["namespaces"] == ["team-*, !team-b"]
+    assert kept[0]("team-a") and kept[0]("team-c") and not kept[0]("team-b")
