@@ -35,6 +35,20 @@ known, no TTFT objective). The rules read the ones not "true" (an image from bef
 label: all) as first tokens never given (``rules.bucket_rates``)."""
 
 
+def slo_term(measured: float, limit: float) -> float:
+    """How far a measured figure lies from its limit, as a share of it: ``measured / limit
+    - 1`` (0 at the limit, 0.5 half over). The tuner's constraint terms
+    (``tuner/study/objective.py``) are this, and so is the TBT sweep's limit
+    (``sim/window_stats.tbt_limit_s``): a P99 at the limit is judged alike by both, to the
+    ulp, where one built apart differed by one."""
+    return measured / limit - 1.0
+
+
+def term_holds(term: float, margin: float) -> bool:
+    """Whether a term (``slo_term``) leaves ``margin`` headroom: at most ``-margin``."""
+    return term <= -margin
+
+
 class SLOError(ValueError):
     """An SLO spec field is missing, unknown or out of range; the message names the fix.
 

@@ -270,13 +270,19 @@ def measured_pct(measured: int, refused: int) -> float | None:
     return 100.0 * measured / ranked if ranked else None
 
 
+def to_ms(seconds: float) -> float:
+    """Seconds in ms, as every P99 in a summary is turned: the TBT sweep's limit is found
+    through it too (``window_stats.tbt_limit_s``), so the two round alike."""
+    return seconds * 1000.0
+
+
 def percentile_ms(seconds: Sequence[float] | array | np.ndarray, q: float) -> float | None:
     """The exact ``q``-th percentile of samples in seconds, in ms; None without samples."""
     if not len(seconds):
         return None
     values = np.frombuffer(seconds, dtype=np.float64) if isinstance(seconds, array) \
         else np.asarray(seconds, dtype=np.float64)
-    return float(np.percentile(values, q)) * 1000.0
+    return to_ms(float(np.percentile(values, q)))
 
 
 def _figures(c: _ClassStats, duration_s: float) -> ClassFigures:

@@ -10,6 +10,7 @@ them to) for the cost of counting each token once per window that holds its requ
 from __future__ import annotations
 
 import math
+import struct
 from array import array
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
@@ -18,7 +19,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from slopilot.engine.request import Priority, Request
-from slopilot.engine.sim.stats import SimStats
+from slopilot.engine.sim.stats import SimStats, to_ms
+from slopilot.engine.slo import slo_term, term_holds
 from slopilot.engine.window_summary import RunInfo, WindowSummary
 
 if TYPE_CHECKING:
@@ -36,18 +38,19 @@ class Sliding:
     length_s: float
     hop_s: float | None
     at: tuple[float, ...] = ()
-    tbt_fraction: float = 1.0
-    """Of each class's TBT P99 target, the gap above which ``SlidingStats.token_gaps``
-    counts a request's gaps for the TBT sweep: 1 less the verdict's headroom, so that a
-    window's TBT P99 above it is a miss (``window_sweep.worst_gap_starts``)."""
+    tbt_margin: float = 0.0
+    """The verdict's headroom (``RobustEvaluator.margin``): ``SlidingStats.token_gaps``
+    counts a request's gaps over the largest gap whose TBT term holds with it
+    (``tbt_limit_s``), so that a window's TBT P99 over that is a miss exactly where the
+    verdict reads one (``window_sweep.worst_gap_starts``)."""
 
     def __post_init__(self) -> None:
         for name, v in (("length_s", self.length_s), ("hop_s", self.hop_s)):
             if v is not None and not (math.isfinite(v) and v > 0):
                 raise ValueError(f"Sliding.{name}={v!r}: expected seconds > 0")
-        if not (math.isfinite(self.tbt_fraction) and self.tbt_fraction > 0):
-            raise ValueError(f"Sliding.tbt_fraction={self.tbt_fraction!r}: expected a "
-                             "fraction of the TBT target > 0, e.g. 0.9 for 10 % headroom")
+        if not 0.0 <= self.tbt_margin < 1.0:
+            raise ValueError(f"Sliding.tbt_margin={self.tbt_margin!r}: expected the "
+                             "verdict's headroom, a fraction in [0, 1), e.g. 0.1")
         if self.hop_s is None and not self.at:
             raise ValueError("Sliding(hop_s=None, at=()): no window; give hop_s (seconds "
                              "between starts) or at (the starts)")
@@ -82,6 +85,41 @@ class Sliding:
         if grid is not None and last > start_s and last - grid.start(grid.count - 1) > 1e-9:
             out.append(last)
         return sorted(set(out))
+
+
+def tbt_limit_s(target_ms: float, margin: float) -> float:
+    """The largest gap in seconds that, read as a window's TBT P99, the verdict counts as
+    holding ``target_ms`` with ``margin`` headroom: the full measurement's own test of
+    its P99 (``stats.to_ms``, ``slo.slo_term``, ``slo.term_holds``, as ``percentile_ms``
+    and ``objective.score`` apply them). Found, not computed as ``target_ms * (1 -
+    margin) / 1000``: that lay an ulp off the verdict's edge for about a tenth of
+    targets and margins (10 ms at 10 %: 0.009 s counted at or under it, where a 9.0 ms
+    P99 reads -0.09999999999999998, a miss). The term never falls as the gap rises (each
+    float operation rounds monotonically), so the gaps that hold are those up to one
+    float, bisected over the bit patterns of floats >= 0, which order as their values."""
+
+    def holds(gap_s: float) -> bool:
+        return term_holds(slo_term(to_ms(gap_s), target_ms), margin)
+
+    if not holds(0.0):
+        raise ValueError(f"margin={margin!r}: no TBT P99 holds {target_ms!r} ms with it; "
+                         "expected a headroom in [0, 1), e.g. 0.1")
+    lo, hi = 0, _bits(math.inf)  # lo holds, hi does not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if holds(_float(mid)):
+            lo = mid
+        else:
+            hi = mid
+    return _float(lo)
+
+
+def _bits(x: float) -> int:
+    return int(struct.unpack("<q", struct.pack("<d", x))[0])
+
+
+def _float(bits: int) -> float:
+    return float(struct.unpack("<d", struct.pack("<q", bits))[0])
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,7 +257,7 @@ class SlidingStats(SimStats):
         """Every measured request's first token, for a sweep over every window start
         (``window_sweep.py``): one record a request, not a window's count a start."""
         self.token_gaps = TokenGaps({
-            p: c.tbt_p99_ms * sliding.tbt_fraction / 1000.0
+            p: tbt_limit_s(c.tbt_p99_ms, sliding.tbt_margin)
             for p in Priority if (c := slo.class_slo(p)).tbt_p99_ms is not None})
         """Every measured request's token gaps, counted against its class's TBT limit,
         for the TBT sweep (``window_sweep.worst_gap_starts``)."""

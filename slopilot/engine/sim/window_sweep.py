@@ -16,23 +16,24 @@ could move its P99 a rank, which the grid's windows and the next arrival's bound
 
 The TBT P99 is over a window's token gaps, millions where its TTFT P99 is over hundreds
 of first tokens: a percentile per start is a sort of them each. But the verdict asks
-only whether it is above a limit (the class's target less the headroom), and that is
-read from how many gaps are above it: sorted, they are the top ``over`` of ``gaps``, and
-numpy's P99 reads rank ``r = 0.99 (gaps - 1)`` (linear between ``floor(r)`` and the one
-above). With ``floor(r)`` among them the P99 is above the limit; with ``floor(r) + 1``
-not, it is not; in between (one rank: ``depth`` -1) it rests on two gaps' values: the
-window's largest at or under the limit and its smallest over it. So each request's gaps
-and gaps over its class's limit are counted as they come, beside those two gaps of its
-own (``window_stats.TokenGaps``, 32 bytes a request), a window's counts are two prefix
-sums over its arrivals (a gap counts in the windows holding its request's arrival, as
-``SimStats`` counts it: the figures are the window's own), and the start whose P99 rank
-lies deepest among the gaps over the limit is the one a miss would show in: where any
-window's P99 rank is among them, that one's is. Where none is, the windows of the band
-read their P99 as numpy does, between the largest and the smallest of their requests'
-two gaps (``RangeMax``), and the highest is the one: it misses exactly where any
-window does (``GapWindow.misses``). Starts at the arrivals and at each arrival less the
-length: a window's requests change where its start passes an arrival or its end does,
-and a share can rise as its end drops one.
+only whether it is above a limit (the largest gap whose term holds the class's target
+with the headroom, ``window_stats.tbt_limit_s``: the verdict's own test, to the ulp),
+and that is read from how many gaps are above it: sorted, they are the top ``over`` of
+``gaps``, and numpy's P99 reads rank ``r = 0.99 (gaps - 1)`` (linear between
+``floor(r)`` and the one above). With ``floor(r)`` among them the P99 is above the
+limit; with ``floor(r) + 1`` not, it is not; in between (one rank: ``depth`` -1) it
+rests on two gaps' values: the window's largest at or under the limit and its smallest
+over it. So each request's gaps and gaps over its class's limit are counted as they
+come, beside those two gaps of its own (``window_stats.TokenGaps``, 32 bytes a request),
+a window's counts are two prefix sums over its arrivals (a gap counts in the windows
+holding its request's arrival, as ``SimStats`` counts it: the figures are the window's
+own), and the start whose P99 rank lies deepest among the gaps over the limit is the one
+a miss would show in: where any window's P99 rank is among them, that one's is. Where
+none is, the windows of the band read their P99 as numpy does, between the largest and
+the smallest of their requests' two gaps (``RangeMax``), and the highest is the one: it
+misses exactly where any window does (``GapWindow.misses``). Starts at the arrivals and
+at each arrival less the length: a window's requests change where its start passes an
+arrival or its end does, and a share can rise as its end drops one.
 """
 
 from __future__ import annotations

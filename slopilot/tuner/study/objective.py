@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from slopilot.engine.slo import SLOSpec
+from slopilot.engine.slo import SLOSpec, slo_term, term_holds
 from slopilot.engine.window_summary import WindowSummary
 
 # A class that served nothing in the window has no P99 (None in a summary); it breaks no
@@ -120,7 +120,7 @@ class TrialResult:
 
 
 def _term(measured: float | None, limit: float) -> float:
-    return NO_SAMPLES if measured is None else measured / limit - 1.0
+    return NO_SAMPLES if measured is None else slo_term(measured, limit)
 
 
 def score(summary: WindowSummary, slo: SLOSpec,
@@ -163,4 +163,4 @@ def unmeasured(summary: WindowSummary, slo: SLOSpec) -> tuple[str, ...]:
 
 def holds(result: TrialResult, margin: float) -> bool:
     """Feasible with every constraint term at most ``-margin`` (headroom)."""
-    return all(c <= -margin for c in result.constraints)
+    return all(term_holds(c, margin) for c in result.constraints)

@@ -319,7 +319,7 @@ def _judged(replay: Callable[[str], RobustEvaluator], config: Mapping[str, Any],
     is the evaluator for each replay on this count."""
     judge = replay("replaying")
     run = judge.replay(config, Sliding(window_s, window_s / HOPS,
-                                       tbt_fraction=1.0 - judge.margin))
+                                       tbt_margin=judge.margin))
     cfg = dict(config)
     whole_result = score(run.summary, judge.slo, config=cfg)
     whole = dataclasses.replace(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -10,7 +12,8 @@ from slopilot.engine.sim.scenario import load_scenario
 from slopilot.engine.sim.simulator import Measure, simulate
 from slopilot.engine.sim.window_stats import Sliding, SlidingStats
 from slopilot.engine.sim.window_sweep import gap_windows
-from slopilot.engine.slo import SLOSpec
+from slopilot.engine.slo import ClassSLO, SLOSpec
+from slopilot.tuner.study.objective import holds, score
 
 
 def test_starts_tile_every_hop_and_end_on_the_span() -> None:
@@ -92,7 +95,7 @@ def test_the_tbt_sweep_counts_each_window_as_its_own_measurement_does() -> None:
     late = float(arrivals[arrivals > 12.0][0])
     starts = (float(arrivals[5]), late - 6.0, float(arrivals[-3]))
     again = simulate(scenario, replicas=1, measure=whole,
-                     sliding=Sliding(6.0, 2.0, at=starts, tbt_fraction=0.2))
+                     sliding=Sliding(6.0, 2.0, at=starts, tbt_margin=0.8))
     swept = again.stats
     assert isinstance(swept, SlidingStats)
     limit_s = swept.token_gaps.over_s[p1]
@@ -109,3 +112,52 @@ def test_the_tbt_sweep_counts_each_window_as_its_own_measurement_does() -> None:
         assert w.p99_s is None or w.p99_s == p99, start
         overs += w.over
     assert overs > 0, "the case needs gaps over the limit"
+
+
+def _sweep_and_judge(target_ms: float, margin: float, gaps: list[float]
+                     ) -> tuple[bool, bool]:
+    # Three P1 requests in one 10 s window, each streaming ``gaps``: the TBT sweep's
+    # verdict on the window (``GapWindow.misses``), and the verdict on the same window
+    # measured in full, scored and judged with the headroom as the whole-trace check
+    # judges it (``score``, ``holds``).
+    slo = SLOSpec(ClassSLO(), ClassSLO(tbt_p99_ms=target_ms), ClassSLO())
+    stats = SlidingStats(slo, 10.0, Sliding(10.0, 10.0, tbt_margin=margin))
+    for i in range(3):
+        req = Request(f"r{i}", [1], SamplingParams(max_tokens=len(gaps) + 1),
+                      arrival_time=float(i))
+        stats.on_arrival(req)
+        stats.on_first_token(req, 0.01, float(i))
+        for g in gaps:
+            stats.on_token_gap(req, g, float(i))
+    stats.close()
+    [w] = gap_windows(stats.token_gaps, Priority.P1, [0.0], 10.0, 10.0)
+    [figures] = stats.windows()
+    judged = holds(score(figures.summary, slo), margin)
+    return w.misses, not judged
+
+
+@pytest.mark.parametrize("margin", [0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3])
+@pytest.mark.parametrize("target_ms", [10.0, 20.0, 30.0, 50.0, 70.0, 100.0, 150.0, 200.0,
+                                       300.0, 500.0])
+def test_the_tbt_sweep_judges_a_p99_at_the_limit_as_the_verdict_does(
+        target_ms: float, margin: float) -> None:
+    # Every gap at the limit, as it may be spelled in seconds (and an ulp either side):
+    # the sweep skipped the replay of a window its full measurement missed (10 ms, 10 %:
+    # P99 9.0 ms, term -0.09999999999999998 > -0.1), where its limit was built apart
+    # from the verdict's term. And the one-rank band: a P99 read between a gap at the
+    # limit and one a few ulps over it.
+    spellings = {target_ms * (1.0 - margin) / 1000.0, target_ms / 1000.0 * (1.0 - margin),
+                 (target_ms - target_ms * margin) / 1000.0}
+    cases: list[list[float]] = []
+    for at in sorted(spellings):
+        for g in (math.nextafter(at, 0.0), at, math.nextafter(at, math.inf)):
+            cases.append([g] * 200)
+            for ulps in (1, 50, 100, 300):
+                over = g
+                for _ in range(ulps):
+                    over = math.nextafter(over, math.inf)
+                # 989 small gaps, then g, then 10 over: numpy's P99 reads rank 989.01.
+                cases.append([0.001] * 989 + [g] + [over] * 10)
+    for gaps in cases:
+        sweep, full = _sweep_and_judge(target_ms, margin, gaps)
+        assert sweep == full, (target_ms, margin, gaps[989 if len(gaps) > 200 else 0])
