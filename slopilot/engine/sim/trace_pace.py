@@ -10,9 +10,12 @@ a "few requests" note, a verdict on next to no load that nothing tied to the tim
 The other way round, a Mooncake file converted to seconds (0.013, 0.506, 1.076) read as
 Mooncake's milliseconds replays 1000 times too fast: 60 requests over 0.03 s, and tune
 sized 5 replicas for what 1 held. Its sign is in the file: Mooncake's timestamps are
-whole milliseconds, and most of these have a fraction (``fast``). A warning, not a
+whole milliseconds, and most of these have a fraction (``fractional``). A warning, not a
 refusal: a trace of the user's own in Mooncake's form may time requests finer than a
 millisecond, and a fleet's may be that busy; the two together are said, with the fix.
+Under that rate the fractions are a sign still: a quiet service's file in seconds (one
+request every 30 s) read as milliseconds replays at 33 req/s, a plausible pace, and was
+said nothing; it is said softly, both readings named.
 Beside both, what the file as read repeats (``trace_repeats.py``): ``doubts``.
 """
 
@@ -33,8 +36,9 @@ minute ``simulate``'s busiest-minute figures count."""
 _MS_SCALE = 0.001
 FAST_RATE = 100.0
 """Requests per second, above which a Mooncake trace of mostly fractional milliseconds
-is said to look like seconds: tens of replicas' load, while a seconds file of one
-request every 10 s reads as milliseconds at 100 (Mooncake's own traces: 3-7 req/s)."""
+is said to look like seconds replayed 1000 times too fast: tens of replicas' load, while
+a seconds file of one request every 10 s reads as milliseconds at 100 (Mooncake's own
+traces: 3-7 req/s). Under it the same sign is said softly (``Fractional``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,9 +90,12 @@ def span_words(seconds: float) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class Fast:
-    """A Mooncake replay whose timestamps look like seconds: mostly fractional
-    milliseconds, at a rate past ``FAST_RATE``."""
+class Fractional:
+    """A Mooncake replay whose timestamps are mostly fractional milliseconds, unlike
+    Mooncake's own: seconds, perhaps. Past ``FAST_RATE`` that is said as a replay 1000
+    times too fast (``fast``); under it, softly, both readings named: a quiet service's
+    file in seconds (one request every 30 s, read as milliseconds at 33 req/s) looks
+    like a trace of the user's own timed finer than a millisecond."""
 
     label: str
     requests: int
@@ -99,25 +106,41 @@ class Fast:
     scale: float
     """The ``--time-scale`` that replays them as seconds."""
 
+    @property
+    def rate(self) -> float:
+        return self.requests / self.span_s
+
+    @property
+    def fast(self) -> bool:
+        """At a rate no fleet of Mooncake's sees: the seconds reading all but certain."""
+        return self.rate >= FAST_RATE
+
     def text(self) -> str:
         f = self.fractions
         out = Path(self.label).with_suffix(".ms.jsonl")
         convert = (f"jq -c '.timestamp |= (. * 1000 | round)' {shlex.quote(self.label)} > "
                    f"{shlex.quote(str(out))}")
-        return (f"{self.label}: {f.count:,} of its {self.rows:,} timestamps are fractional "
-                f"milliseconds (line {f.line:,}: timestamp={f.value}), and read as "
-                f"Mooncake's milliseconds the replayed trace is {self.requests:,} requests "
-                f"over {self.span_s:,.3g} s at {self.requests / self.span_s:,.0f} req/s: "
-                "Mooncake's timestamps are whole milliseconds, so these look like seconds, "
-                f"replayed 1000 times too fast; if they are, give --time-scale "
-                f"{self.scale:g}, or convert them ({convert}) and give that file "
-                "(docs/traces.md)")
+        found = (f"{self.label}: {f.count:,} of its {self.rows:,} timestamps are fractional "
+                 f"milliseconds (line {f.line:,}: timestamp={f.value})")
+        replay = (f"the replayed trace is {self.requests:,} requests over "
+                  f"{self.span_s:,.3g} s at {self.rate:,.0f} req/s")
+        fix = (f"give --time-scale {self.scale:g}, or convert them ({convert}) and give "
+               "that file")
+        if self.fast:
+            return (f"{found}, and read as Mooncake's milliseconds {replay}: Mooncake's "
+                    "timestamps are whole milliseconds, so these look like seconds, "
+                    f"replayed 1000 times too fast; if they are, {fix} (docs/traces.md)")
+        return (f"{found}, where Mooncake's timestamps are whole milliseconds; read as "
+                f"milliseconds {replay}, a plausible pace: if they are seconds (a pace 1000 "
+                f"times slower), {fix}; if they are milliseconds finer than Mooncake's, "
+                "nothing is amiss (docs/traces.md)")
 
 
-def fast(spec: TraceSpec, records: list[TraceRecord]) -> Fast | None:
+def fractional(spec: TraceSpec, records: list[TraceRecord]) -> Fractional | None:
     """``records`` (``spec``'s replay) where ``spec`` is a Mooncake trace whose timestamps
-    are mostly fractional and that replays past ``FAST_RATE``; None otherwise, and where
-    a ``--target-rate`` sets the pace (whatever the unit, the gaps are scaled to it)."""
+    are mostly fractional, at any rate past ``FAST_RATE`` and, under it, where no
+    ``--time-scale`` says the unit was thought of; None otherwise, and where a
+    ``--target-rate`` sets the pace (whatever the unit, the gaps are scaled to it)."""
     if spec.target_rate is not None or len(records) < 2:
         return None
     trace = read_cached(spec.trace, spec.fmt, spec.model)
@@ -125,15 +148,16 @@ def fast(spec: TraceSpec, records: list[TraceRecord]) -> Fast | None:
     if f is None or 2 * f.count <= len(trace.records):
         return None
     span = records[-1].arrival_time - records[0].arrival_time
-    if span <= 0 or len(records) / span < FAST_RATE:
+    if span <= 0:
         return None
-    return Fast(spec.trace, len(records), span, len(trace.records), f,
-                (spec.time_scale or 1.0) * 1000)
+    out = Fractional(spec.trace, len(records), span, len(trace.records), f,
+                     (spec.time_scale or 1.0) * 1000)
+    return out if out.fast or spec.time_scale is None else None
 
 
 def doubts(spec: TraceSpec, records: list[TraceRecord]) -> list[str]:
-    """What ``simulate`` and ``tune`` warn of a trace as read: a Mooncake file in
-    seconds (``fast``), rows that repeat another (``trace_repeats.py``)."""
-    too_fast = fast(spec, records)
+    """What ``simulate`` and ``tune`` warn of a trace as read: a Mooncake file that may
+    be in seconds (``fractional``), rows that repeat another (``trace_repeats.py``)."""
+    unit = fractional(spec, records)
     repeated = read_cached(spec.trace, spec.fmt, spec.model).repeats
-    return [d.text() for d in (too_fast, repeated) if d is not None]
+    return [d.text() for d in (unit, repeated) if d is not None]

@@ -13,7 +13,7 @@ other formats (``trace_formats.py``), so that their errors read alike.
   equal where prompts share a prefix, and are kept (``TraceRecord.prefix_blocks``) so that
   the replay's prompts share those tokens and the prefix cache sees the sharing.
   Its timestamps are whole milliseconds: those with a fractional part are counted
-  (``Fractions``), a sign of a file converted to seconds (``trace_pace.fast``).
+  (``Fractions``), a sign of a file converted to seconds (``trace_pace.fractional``).
 """
 
 from __future__ import annotations
@@ -119,7 +119,8 @@ def _lower(column: str) -> str:
 class Fractions:
     """Mooncake's timestamps given with a fractional part (``0.013``), counted while read:
     its timestamps are whole milliseconds, so most of a file's with one are seconds, not
-    milliseconds (``trace_pace.fast`` judges it with the rate they replay at)."""
+    milliseconds (``trace_pace.fractional`` says so, how strongly by the rate they replay
+    at)."""
 
     count: int = 0
     line: int = 0

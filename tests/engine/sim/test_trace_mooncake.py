@@ -245,10 +245,46 @@ def test_a_mooncake_trace_in_seconds_is_warned_of_as_replayed_1000_times_too_fas
     assert "fractional" not in capsys.readouterr().err
 
 
+# A quiet service's Mooncake file converted to seconds: a request every ~30 s (true pace
+# 0.033 req/s), read as milliseconds at 33 req/s, under the rate that said "too fast",
+# and nothing was said (a reviewer's 2,000 rows: 33.7 req/s over 59.4 s).
+QUIET_SECONDS = [round(i * 30.0 + (i * 7.919) % 3.0, 3) for i in range(40)]
+
+
+@pytest.mark.parametrize("times, rate", [
+    (QUIET_SECONDS, "34 req/s"),
+    # Finer than a millisecond at 2 req/s: a user's own trace, or seconds of a service
+    # at one request every 8 minutes; the file cannot tell, so both are said, softly.
+    ([i * 500.25 for i in range(40)], "2 req/s"),
+])
+def test_mostly_fractional_milliseconds_are_said_at_any_rate(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], times: list[float],
+        rate: str) -> None:
+    path = _moon(tmp_path, "quiet.jsonl", times)
+    assert main(["simulate", "--scenario", "tiny-cpu", "--trace", str(path),
+                 "--quiet"]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    fractional = sum(not float(t).is_integer() for t in times)
+    said = (f"slopilot simulate: warning: {path}: {fractional} of its 40 timestamps are "
+            "fractional milliseconds")
+    assert said in err, err
+    assert err.count(said) == 1, err  # once
+    assert f" at {rate}, a plausible pace: " in err, err
+    assert "Mooncake's timestamps are whole milliseconds" in err, err
+    # Softer than a rate no fleet sees: not "1000 times too fast", both readings named.
+    assert "1000 times too fast" not in err, err
+    assert "if they are seconds (a pace 1000 times slower), give --time-scale 1000" in err, err
+    assert "if they are milliseconds finer than Mooncake's, nothing is amiss" in err, err
+    # A --time-scale given: the unit was thought of; at its pace nothing more is said.
+    assert main(["simulate", "--scenario", "tiny-cpu", "--trace", str(path), "--quiet",
+                 "--time-scale", "1000"]) == 0
+    assert "fractional" not in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("times", [
     [i * 500 for i in range(40)],  # whole milliseconds, as Mooncake's
-    [i * 500.25 for i in range(40)],  # finer than a millisecond, at 2 req/s
     [i * 0.5 for i in range(40)],  # whole at 2,000 req/s: no sign of another unit
+    [i * 500 + (0.5 if i == 7 else 0) for i in range(40)],  # a few: not most
 ])
 def test_a_legitimate_mooncake_trace_is_not_warned_of(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], times: list[float]) -> None:
