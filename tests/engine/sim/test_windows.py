@@ -274,16 +274,30 @@ def test_the_heaviest_prompts_are_those_every_windows_p99_reads(seed: int) -> No
     assert found[1] == max(each) and free[found[0]] and each[found[0]] == found[1]
 
 
-def test_the_typical_window_is_one_that_carries_the_traffic() -> None:
+@pytest.mark.parametrize("night", [1, 2, 3, 6])
+def test_the_typical_window_is_one_that_carries_the_traffic(night: int) -> None:
     """A diurnal trace's many near-silent minutes outnumbered its busy ones, and the
     median minute with arrivals was one of them, "typical: 660-720 s (0.0 req/s)" where
     minutes of 3 arrivals or fewer held 35 of its 5,787 requests. Here 30 night minutes of
-    one request each (under 3 % of them all) and 10 busy ones of 120: the night minutes
-    carry too little of the traffic to be typical of it."""
-    records = [TraceRecord(m * 60.0 + 20.0, 100, 10) for m in range(30)]
+    ``night`` requests each and 10 busy ones of 120: the night minutes carry too little
+    of the traffic to be typical of it, however much of it they hold together (a cut by
+    their share of the requests, 5 %, chose a night minute from 2 requests a minute)."""
+    records = [TraceRecord(m * 60.0 + 20.0 + i, 100, 10)
+               for m in range(30) for i in range(night)]
     records += [TraceRecord(1800.0 + m * 60.0 + i / 2, 100, 10)
                 for m in range(10) for i in range(120)]
     records.sort(key=lambda r: r.arrival_time)
     typical = next(w for w in trace_windows(records, 60.0, warmup_s=0.0)
                    if w.name == "typical")
     assert typical.arrival_rate == pytest.approx(2.0)
+
+
+def test_a_minute_that_dwarfs_the_rest_is_the_traffic() -> None:
+    """One minute of 1,000 requests among 60 of one each: the busiest windows take that
+    minute, and no minute of one request is called typical beside it."""
+    records = [TraceRecord(m * 60.0 + 5.0, 100, 10) for m in range(60)]
+    records += [TraceRecord(3600.0 + i * 0.06, 100, 10) for i in range(1000)]
+    records += [TraceRecord(3720.0 + m * 60.0 + 5.0, 100, 10) for m in range(5)]
+    records.sort(key=lambda r: r.arrival_time)
+    names = {w.name: w for w in trace_windows(records, 60.0, warmup_s=0.0)}
+    assert "typical" not in names or names["typical"].arrival_rate > 1.0, names
