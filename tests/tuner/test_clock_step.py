@@ -12,6 +12,7 @@ Each wait now lasts at most its own length from the tick that finds it in the fu
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import pytest
@@ -43,6 +44,27 @@ def test_a_trial_is_judged_one_window_after_the_clock_stepped_back() -> None:
     d = ctl.tick(back + 10)
     assert d.action is not Action.NONE and 0 in rig.study.told  # judged, not held a day
     assert rig.ev is not None and all(end <= back + 10 for _, end, _ in rig.ev.calls)
+
+
+def test_a_starved_trial_ends_at_its_own_limit_after_the_clock_stepped_back() -> None:
+    """``began_at`` (when the trial was applied, which ``max_trial_s`` and the backlog's
+    wait count from) was left an hour ahead after a step back of an hour: a trial whose
+    windows starved ran 3,720 s where its limit is 120 s."""
+    rig = Rig(settings={"window_s": 10, "max_trial_s": 120})
+    ctl = rig.build()
+    rig.alerts.alerts = [alert(AlertAction.RETUNE)]
+    assert ctl.tick(T).action is Action.TRIAL
+    # Every window from here on starves: too few requests to judge.
+    ctl.settings = dataclasses.replace(ctl.settings, min_class_requests=1000)
+    now = T - 3600.0  # the clock steps back an hour mid-trial
+    for _ in range(40):
+        now += 10.0
+        ctl.tick(now)
+        t = ctl.loop.trial
+        assert t is None or t.began_at is None or t.began_at <= now
+        if t is None or t.number != 0:
+            break
+    assert now - (T - 3600.0) <= 120.0 + 2 * 10.0, now - (T - 3600.0)
 
 
 def test_a_restarted_operator_whose_clock_is_behind_resumes_the_trial_in_a_window() -> None:

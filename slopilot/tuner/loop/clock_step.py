@@ -8,7 +8,8 @@ or someone wrote the status by hand. Kept, each wait lasted the step's length on
 its own: a trial served its config for a day on a clock stepped back a day, and
 ``cooldown_until: 1e15`` cooled for ever. ``rebase_future`` moves each such time back so
 that its wait is at most its own length from now: a trial's window starts now (what the
-window measured before the step is on another clock), and so does a rate-limit entry, a
+window measured before the step is on another clock), and so do its time applied
+(``began_at``, which its limit counts from), a rate-limit entry, a
 quiet period, a rollout's last move or a state's ``since``; a cooldown, a backoff, a
 stuck config's hold, a refused scale's hold or an owed restore's wait ends at most its
 length from now. A clock that jumps forward needs nothing: each wait just ends, as after
@@ -40,6 +41,11 @@ def rebase_future(loop: LoopState, settings: ControllerSettings, now: float) -> 
     if trial is not None and trial.started_at > now:
         note("trial.started_at", trial.started_at)
         trial.started_at = now
+    if trial is not None and trial.began_at is not None and trial.began_at > now:
+        # What ``max_trial_s`` and the backlog's wait count from: left ahead, a trial
+        # whose windows starved outlived its limit by the step.
+        note("trial.began_at", trial.began_at)
+        trial.began_at = now
     if ahead := [t for t in loop.trial_starts if t > now]:
         note("trial_starts", max(ahead))
         loop.trial_starts = [min(t, now) for t in loop.trial_starts]
