@@ -414,7 +414,8 @@ class KubeDeploymentHandle:
             body = self.body()
             with self.guard():  # the reconciles' lock: a repair renders after, not during
                 rolled = vllm_take_back.take_back(self.kube, self.namespace, self.name,
-                                                  self._uid(), config, body.get("status"))
+                                                  self._uid(), config, body.get("status"),
+                                                  self.mint)
             return [f"Deployment/{self.name}"] if rolled else []
         body = self.body()
         engine = EngineConfig().with_overrides(config)

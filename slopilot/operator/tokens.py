@@ -11,6 +11,12 @@ cannot narrow by name, would let it write a service-account-token Secret into an
 namespace). The uid in the MAC means that a deleted and re-created CR of the same name
 gets a new token; a new key (its Secret deleted, the operator restarted) changes every
 digest, and with it every pod template, so the pods roll onto it.
+
+The same key seals what the operator leaves where a tenant can write (``seal``): an
+annotation on a tenant's Deployment is anyone's with patch rights on it, and a digest
+of what the tenant can read, anyone's to compute. A seal is HMAC-SHA256(key,
+"purpose\nmessage"): no token's message ("ns/name/uid": a namespace has no newline) is
+one, so no seal a tenant reads is a token.
 """
 
 from __future__ import annotations
@@ -56,6 +62,17 @@ class TokenMint:
     def sha256_for_body(self, body: Mapping[str, Any]) -> str:
         """What the pods of ``body`` get: the digest that admits its token."""
         return token_sha256(self.for_body(body))
+
+    def seal(self, purpose: str, message: str) -> str:
+        """The operator's MAC of ``message`` for ``purpose`` (module docstring)."""
+        return hmac.new(self._key, f"{purpose}\n{message}".encode(),
+                        hashlib.sha256).hexdigest()
+
+    def sealed(self, purpose: str, message: str, seal: Any) -> bool:
+        """Whether ``seal`` (as read from a tenant's object: any value) is this key's
+        seal of ``message``; compared in constant time."""
+        return isinstance(seal, str) and hmac.compare_digest(
+            seal.encode("utf-8", "replace"), self.seal(purpose, message).encode())
 
     def __repr__(self) -> str:  # never the key, in a traceback or a log line
         return "TokenMint(<key>)"

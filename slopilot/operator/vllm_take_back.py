@@ -14,13 +14,24 @@ each reconcile rendered again. So ``take_back``:
   them: nothing of a refused spec is read. No patch where they are that config already
   (no rollout). The template's checksum follows, as the render computes it, so the next
   accepted render of the same config rolls nothing;
-- stamps the Deployment (``TAKEN_BACK_ANNOTATION``) with a digest of the status it was
+- stamps the Deployment (``TAKEN_BACK_ANNOTATION``) with a seal of the status it was
   taken back under (``status.tunedConfig``, the trial's record, and
-  ``status.controller``). While the CR's status is still that one, the reconcile renders
-  the record's committed config in place of the trial's (``rendered_body``): a drift
-  repair (any event of the Deployment asks one) or the spec fixed would otherwise have
-  put the trial back from the record no one could write. A write of either since (the
-  committed config recorded, the loop's next state) leaves the stamp inert.
+  ``status.controller``) and of the CR's uid, keyed by the operator's secret
+  (``TokenMint.seal``, tokens.py). While the CR's status is still that one, the
+  reconcile renders the record's committed config in place of the trial's
+  (``rendered_body``): a drift repair (any event of the Deployment asks one) or the spec
+  fixed would otherwise have put the trial back from the record no one could write. A
+  write of either since (the committed config recorded, the loop's next state) leaves
+  the stamp inert.
+
+The stamp is on a Deployment in the tenant's namespace, whose annotations anyone with
+patch rights on it writes, and the status it covers is the tenant's to read: a bare
+digest of it, anyone could compute, and a stamp forged mid-trial had a drift repair
+roll the pods onto the committed config while the status still recorded the trial (the
+trial's window measuring the wrong config, then a second rollout back). A seal no
+tenant can make without the key; one that does not verify (forged, or the key replaced:
+its Secret deleted and the operator restarted) is no stamp, and the reconcile renders
+the status as recorded.
 """
 
 from __future__ import annotations
@@ -40,6 +51,7 @@ from slopilot.operator.kubeapi import ApiError, Kube
 from slopilot.operator.ownership import controlled_by
 from slopilot.operator.pod_admin import ApplyError
 from slopilot.operator.scale_stamp import record_digest
+from slopilot.operator.tokens import TokenMint
 
 TAKEN_BACK_ANNOTATION = "slopilot.dev/taken-back"
 ATTEMPTS = 4
@@ -47,15 +59,35 @@ ATTEMPTS = 4
 controller's own status writes move the resourceVersion the patch is conditional on."""
 
 
+SEAL_PURPOSE = "taken-back"
+"""The purpose a stamp's seal is made for (``TokenMint.seal``): no other seal is one."""
+
+
 def status_digest(status: Any) -> str:
-    """The stamp for the CR's ``status`` as read: its trial record and loop state."""
+    """A digest of the CR's ``status`` as read: its trial record and loop state."""
     status = status if isinstance(status, Mapping) else {}
     return record_digest({"tunedConfig": status.get("tunedConfig"),
                           "controller": status.get("controller")})
 
 
+def _sealed_message(uid: str, status: Any) -> str:
+    # The uid: a stamp left on a Deployment adopted by a re-created CR of the same name,
+    # whose status may come to record the same trial, covers nothing of the new CR's.
+    return f"{uid}\n{status_digest(status)}"
+
+
+def stamp(mint: TokenMint, uid: str, status: Any) -> str:
+    """The stamp for CR ``uid`` with ``status`` as read (module docstring)."""
+    return mint.seal(SEAL_PURPOSE, _sealed_message(uid, status))
+
+
+def stamped(mint: TokenMint, uid: str, status: Any, found: Any) -> bool:
+    """Whether ``found``, as read off the Deployment, is the stamp for ``status``."""
+    return mint.sealed(SEAL_PURPOSE, _sealed_message(uid, status), found)
+
+
 def take_back(kube: Kube, namespace: str, name: str, uid: str,
-              config: Mapping[str, Any], status: Any) -> bool:
+              config: Mapping[str, Any], status: Any, mint: TokenMint) -> bool:
     """Put ``config`` (a whole engine config, the operator's record of the episode's)
     in the vLLM arguments of the Deployment this CR (``uid``) controls, stamped over
     ``status`` (the CR's, as read) where it records a trial's config; whether the
@@ -63,7 +95,7 @@ def take_back(kube: Kube, namespace: str, name: str, uid: str,
     its arguments are not the operator's render, or the API refuses the patch."""
     engine = EngineConfig().with_overrides(config)
     tuned = status.get("tunedConfig") if isinstance(status, Mapping) else None
-    stamp = status_digest(status) if isinstance(tuned, Mapping) \
+    seal = stamp(mint, uid, status) if isinstance(tuned, Mapping) \
         and tuned.get("trial") is True else None
     for _ in range(ATTEMPTS):
         dep = kube.get("apps/v1", "deployments", namespace, name)
@@ -82,13 +114,13 @@ def take_back(kube: Kube, namespace: str, name: str, uid: str,
         except ValueError as exc:
             raise ApplyError(f"{name}: Deployment/{name}'s engine container: {exc}; the "
                              "trial's arguments stay until the spec is accepted") from None
-        stamped = (meta.get("annotations") or {}).get(TAKEN_BACK_ANNOTATION)
-        if new == args and (stamp is None or stamped == stamp):
+        found = (meta.get("annotations") or {}).get(TAKEN_BACK_ANNOTATION)
+        if new == args and (seal is None or stamped(mint, uid, status, found)):
             return False
         patch: dict[str, Any] = {"metadata": {
             "uid": meta.get("uid"), "resourceVersion": meta.get("resourceVersion")}}
-        if stamp is not None:
-            patch["metadata"]["annotations"] = {TAKEN_BACK_ANNOTATION: stamp}
+        if seal is not None:
+            patch["metadata"]["annotations"] = {TAKEN_BACK_ANNOTATION: seal}
         if new != args:
             # A merge patch replaces a list whole: every container as it is, the engine's
             # arguments changed.
@@ -112,18 +144,20 @@ def take_back(kube: Kube, namespace: str, name: str, uid: str,
                      "at the next try")
 
 
-def rendered_body(kube: Kube, body: Mapping[str, Any]) -> Mapping[str, Any]:
+def rendered_body(kube: Kube, body: Mapping[str, Any], mint: TokenMint
+                  ) -> Mapping[str, Any]:
     """``body`` as the reconcile renders it: where its ``status.tunedConfig`` records a
-    trial whose arguments were taken off the Deployment under this very status (the
-    stamp), with that record reduced to its committed config (module docstring)."""
+    trial whose arguments the operator took off the Deployment under this very status
+    (its stamp, verified with ``mint``'s key), with that record reduced to its committed
+    config (module docstring)."""
     if not trial_recorded(body):
         return body
     meta = body["metadata"]
     dep = kube.get("apps/v1", "deployments", meta["namespace"], meta["name"])
     if dep is None or not controlled_by(dep, KIND, str(meta.get("uid"))):
         return body
-    stamped = ((dep.get("metadata") or {}).get("annotations") or {}).get(
+    found = ((dep.get("metadata") or {}).get("annotations") or {}).get(
         TAKEN_BACK_ANNOTATION)
-    if stamped != status_digest(body.get("status")):
+    if not stamped(mint, str(meta.get("uid")), body.get("status"), found):
         return body
     return committed_body(body)

@@ -22,6 +22,8 @@ from slopilot.operator.crd import crd_manifest
 from slopilot.operator.deployment_loop import STATUS_GIVE_UP_S, DeploymentLoop
 from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.reconcile import reconcile
+from slopilot.operator.scale_stamp import record_digest
+from slopilot.operator.vllm_take_back import TAKEN_BACK_ANNOTATION
 from tests.operator.operator_support import NS, Cluster, llmd, operator_mint
 from tests.operator.standins import PrometheusStandIn
 from tests.operator.test_status_unwritable import Webhook, _loop
@@ -170,3 +172,31 @@ def test_arguments_not_of_the_operators_render_are_left_and_said(
     said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert any("not put back" in m and "--block-size" in m for m in said), said
     assert cluster.status()["controller"]["pending_restore"] is not None  # still owed
+
+
+def _stamp(cluster: Cluster, value: str | None) -> None:
+    """A tenant's edit of the stamp: an annotation is anyone's with patch rights on the
+    Deployment."""
+    cluster.kube.patch("apps/v1", "deployments", NS, "chat", {"metadata": {"annotations": {
+        TAKEN_BACK_ANNOTATION: value}}})
+
+
+def test_a_stamp_a_tenant_computes_renders_no_trial_back(
+        kube: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    body, policy = vllm_cr(kube, cluster, prom, tmp_path)
+    now = [1_000_000.0]
+    loop = _on_clock(cluster, body, monkeypatch, policy, now)
+    trial_started(loop, cluster)
+    trial_args = knob_args(cluster)
+    status = cluster.status()
+    # Everything a digest of the status could be keyed on is the tenant's to read.
+    for forged in (record_digest({"tunedConfig": status.get("tunedConfig"),
+                                  "controller": status.get("controller")}),
+                   record_digest({"uid": body["metadata"]["uid"],
+                                  "tunedConfig": status.get("tunedConfig"),
+                                  "controller": status.get("controller")})):
+        _stamp(cluster, forged)
+        repaired(cluster, policy)
+        assert knob_args(cluster) == trial_args  # the trial measures its own config
+
