@@ -170,6 +170,9 @@ class DeploymentLoop:
         end took off a vLLM Deployment (``_end_unrecorded_trial``): the write that next
         takes reduces it to its committed record in the same patch, or a reconcile
         between the loop's state and the record rendered the trial again."""
+        self.taken_back_to: tuple[dict[str, Any], str] | None = None
+        """The whole config and the backend that end sent (``taken_back``): sent again at
+        each step the status still takes no write (``_keep_taken_back``)."""
         self.figures: WindowFigures | None = None
         self.scrapes: ScrapeCheck | None = None
         self.twin = TwinTracker(kube, namespace, name, clock)
@@ -207,6 +210,7 @@ class DeploymentLoop:
         generation = body["metadata"].get("generation")
         if self.unwritten is not None:  # no new tick before the last one is on record
             if not self._write(self.unwritten, self.unwritten_time):
+                self._keep_taken_back(body)
                 self._end_unrecorded_trial()
                 # The sync writes nothing of the decision held: the pods follow the spec,
                 # the canary the trial this controller runs (until it is given up),
@@ -424,7 +428,7 @@ class DeploymentLoop:
                         type(exc).__name__, exc)
             self._unrecorded(exc)
             return False
-        self.unwritten, self.taken_back = None, None
+        self.unwritten, self.taken_back, self.taken_back_to = None, None, None
         if self.unwritten_since is not None:
             self.logger.info("the status is written again after %.0f s of failed writes",
                              self.clock() - self.unwritten_since)
@@ -501,8 +505,30 @@ class DeploymentLoop:
             else:
                 if backend == Backend.VLLM.value and trial_recorded(body):
                     self.taken_back = (body.get("status") or {}).get("tunedConfig")
+                    self.taken_back_to = whole, backend
         self.synced_at = None  # the pods checked against the trial's end at once
         self._say(reason)
+
+    def _keep_taken_back(self, body: Mapping[str, Any]) -> None:
+        """While the status still takes no write and records the trial whose vLLM
+        arguments ``_end_unrecorded_trial`` took back (``body``, the CR as this step read
+        it), that take-back is made again: its stamp is an annotation on the tenant's
+        Deployment, which anyone with patch rights there removes, and a drift repair then
+        rendered the trial's record again, on pods no trial watches. No patch where the
+        arguments and the stamp are still as sent (vllm_take_back.py)."""
+        sent = self.taken_back_to
+        if sent is None or (body.get("status") or {}).get("tunedConfig") != self.taken_back:
+            return
+        try:
+            rolled = self.handle.take_back(*sent)
+        except Exception as exc:  # tried again at the next step
+            log.warning("%s: the ended trial's vLLM arguments were not checked: %s: %s",
+                        self.key, type(exc).__name__, exc)
+            return
+        if rolled:
+            log.warning("%s: the ended trial's vLLM arguments were back on %s (its "
+                        "take-back stamp removed or no longer valid); taken off again",
+                        self.key, ", ".join(rolled))
 
     def _episode_config(self, controller: Controller
                         ) -> tuple[dict[str, Any] | None, str, Mapping[str, Any]]:

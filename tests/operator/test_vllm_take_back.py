@@ -200,3 +200,25 @@ def test_a_stamp_a_tenant_computes_renders_no_trial_back(
         repaired(cluster, policy)
         assert knob_args(cluster) == trial_args  # the trial measures its own config
 
+
+def test_a_stamp_removed_while_the_status_is_unwritable_is_put_back(
+        kube: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    body, policy = vllm_cr(kube, cluster, prom, tmp_path)
+    hook, now = Webhook(cluster.kube), [1_000_000.0]
+    loop = _loop(cluster, body, policy, hook, monkeypatch, now)
+    before, _ = trial_started(loop, cluster)
+    hook.on = True
+    now[0] += 60.0
+    assert loop.step()
+    now[0] += STATUS_GIVE_UP_S
+    assert loop.step()
+    assert knob_args(cluster) == before
+    _stamp(cluster, None)
+    repaired(cluster, policy)  # the trial's record rendered again, with no stamp
+    now[0] += 60.0
+    assert loop.step()  # the status still takes no write: taken back again, stamped
+    assert knob_args(cluster) == before
+    assert cluster.status()["tunedConfig"].get("trial") is True
+    repaired(cluster, policy)
+    assert knob_args(cluster) == before
