@@ -29,8 +29,9 @@ deployment's measured P99s and SLO attainment go to ``status`` too (slo_status.p
   its study (``status_unwritable``) and the episode's config, rebased on the spec as it
   is now, sent back to the pods (the sync then keeps them off the trial's; on vLLM, its
   Deployment's arguments, stamped so that no reconcile renders the trial's record again:
-  vllm_take_back.py; the write that next takes reduces that record to its committed
-  config), and a restarted operator that finds it still on record does not resume it
+  vllm_take_back.py, taken back again at each step while the status takes no write, as
+  the stamp is a tenant's to remove; the write that next takes reduces that record to
+  its committed config), and a restarted operator that finds it still on record does not resume it
   (``trial_ends.end_told``). ``STATUS_GIVE_UP_S`` is shortened to the trial's window
   where that is shorter (``give_up_after``).
 - One writer of the loop's state: each write of ``status.controller`` is made only over

@@ -31,7 +31,12 @@ roll the pods onto the committed config while the status still recorded the tria
 trial's window measuring the wrong config, then a second rollout back). A seal no
 tenant can make without the key; one that does not verify (forged, or the key replaced:
 its Secret deleted and the operator restarted) is no stamp, and the reconcile renders
-the status as recorded.
+the status as recorded: what it did before any take-back, and after a status write. A
+stamp removed or edited while the status still takes no write is put back by the loop
+at its next step (``DeploymentLoop._keep_taken_back``), with the trial's arguments taken
+off again where a repair rendered them meanwhile. A key rotated in that outage (the
+restarted loop does not hold what it took back) leaves the trial's arguments rendered
+until the status takes a write (docs/operations.md).
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ deployment_loop.py)."""
 
 from __future__ import annotations
 
+import secrets
 import shutil
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,8 @@ from slopilot.operator.deployment_loop import STATUS_GIVE_UP_S, DeploymentLoop
 from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.reconcile import reconcile
 from slopilot.operator.scale_stamp import record_digest
-from slopilot.operator.vllm_take_back import TAKEN_BACK_ANNOTATION
+from slopilot.operator.tokens import TokenMint
+from slopilot.operator.vllm_take_back import TAKEN_BACK_ANNOTATION, rendered_body
 from tests.operator.operator_support import NS, Cluster, llmd, operator_mint
 from tests.operator.standins import PrometheusStandIn
 from tests.operator.test_status_unwritable import Webhook, _loop
@@ -222,3 +224,25 @@ def test_a_stamp_removed_while_the_status_is_unwritable_is_put_back(
     assert cluster.status()["tunedConfig"].get("trial") is True
     repaired(cluster, policy)
     assert knob_args(cluster) == before
+
+
+def test_a_stamp_under_a_replaced_key_is_no_stamp(
+        kube: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The key rotated (its Secret deleted, the operator restarted): the stamp no longer
+    verifies, and the CR renders as its status records it (docs/operations.md)."""
+    body, policy = vllm_cr(kube, cluster, prom, tmp_path)
+    hook, now = Webhook(cluster.kube), [1_000_000.0]
+    loop = _loop(cluster, body, policy, hook, monkeypatch, now)
+    trial_started(loop, cluster)
+    hook.on = True
+    now[0] += 60.0
+    assert loop.step()
+    now[0] += STATUS_GIVE_UP_S
+    assert loop.step()
+    cr = cluster.get()
+    assert rendered_body(cluster.kube, cr, operator_mint(cluster)) != cr
+    assert rendered_body(cluster.kube, cr, TokenMint(secrets.token_bytes(32))) is cr
+    for junk in ("", "x" * 64, "\u00e9" * 64):
+        _stamp(cluster, junk)
+        assert rendered_body(cluster.kube, cr, operator_mint(cluster)) is cr
