@@ -30,7 +30,10 @@ it may be well within the SLO: a reviewer read "12 replicas hold (11: misses)" a
 says which it missed, the SLO or only the headroom, the count below the answer what it
 missed by and in which window (``simulate`` replays the trace whole, not tune's windows),
 and a larger count reading worse than the answer is named as what it is: the windows'
-P99 noise, since more replicas never serve the same traffic worse."""
+P99 noise, since more replicas never serve the same traffic worse. Where none has the
+headroom, the answer is the closest candidate's (``_closeness``), and a count within the
+SLO is said to be (a reviewer's read "Not even 16 replicas hold the SLO" beside a 16
+within it at 91 %, and a table of the first candidate's figures beside another's)."""
 
 from __future__ import annotations
 
@@ -54,7 +57,7 @@ class CapacityOutcome:
     replicas: int | None
     """The smallest count in [lo, hi] that holds; None when even ``hi`` does not."""
     config: Mapping[str, Any]
-    """The knobs it holds with (the first candidate's when none holds)."""
+    """The knobs it holds with (the closest candidate's when none holds: ``_closeness``)."""
     label: str
     """Which candidate that is: ``trial 27``, ``the start config``."""
     lo: int
@@ -86,7 +89,10 @@ class CapacityOutcome:
     def table_lines(self) -> list[str]:
         """The report's table: per count the winning candidate tried, whether it holds and
         its worst term, named, as a share of its limit."""
-        lines = [self.sentence(), "",
+        whose = (f"Each count's figures are {self.label}'s" if self.replicas is not None
+                 else f"Each count's figures are {self.label}'s, the candidate closest to "
+                      "holding")
+        lines = [self.sentence(), "", whose + ".", "",
                  f"| replicas | within SLO | with {self.margin:.0%} headroom | worst term | "
                  "share of limit | in window |", "|---|---|---|---|---|---|"]
         for n, r in sorted(self.tried.items()):
@@ -151,7 +157,22 @@ class CapacityOutcome:
                                                     if within else "misses the SLO")
                           for label, n, ok, within in self.searched)
         if self.replicas is None:
+            within = self.within()
             bound = self.binding()
+            if within is not None:
+                # Short of the headroom only: "no count holds the SLO" would be false, and
+                # "relax the SLO" advice for a count already within it.
+                head = (f"{'No replica count' if bound else f'Not even {self.hi} replicas'} "
+                        f"hold{'s' if bound else ''} the SLO with {self.margin:.0%} headroom; "
+                        f"{within} (tried: {tried})")
+                if bound:
+                    return head + ": " + "; ".join(f.text() for f in bound) + "."
+                flat = self.flat()
+                if flat is not None:
+                    return f"{head}. {flat.text()}"
+                return (f"{head}; raise --max-replicas for a count with the headroom (tune "
+                        f"judges with the live loop's {self.margin:.0%} headroom and has no "
+                        "flag to lower it).")
             if bound:
                 return (f"No replica count holds the SLO (tried: {tried}): "
                         + "; ".join(f.text() for f in bound)
@@ -168,6 +189,17 @@ class CapacityOutcome:
         return (f"{self.replicas} replica{'s' if self.replicas != 1 else ''} hold the SLO "
                 f"in every window with {self.margin:.0%} headroom, with {self.label}'s knobs "
                 f"(tried: {tried})." + ("" if below is None else f" {below}"))
+
+    def within(self) -> str | None:
+        """When none holds with the headroom: the smallest count within the SLO itself,
+        its worst term and share, as a clause; None where none is."""
+        n = min((n for n, r in self.tried.items() if within_slo(r)), default=None)
+        if self.replicas is not None or n is None:
+            return None
+        share, name = worst_share(self.tried[n])
+        term = "its worst term" if name is None else term_label(name)[0]
+        return (f"{n} replica{'s are' if n != 1 else ' is'} within the SLO ({term} at "
+                f"{share} of its limit) with {self.label}'s knobs, short of the headroom only")
 
     def to_dict(self) -> dict[str, Any]:
         flat = self.flat()
@@ -187,6 +219,15 @@ class CapacityOutcome:
 def within_slo(r: TrialResult) -> bool:
     """Every term within its limit: the SLO itself, without the headroom."""
     return all(c <= 0.0 for c in r.constraints)
+
+
+def _closeness(o: CapacityOutcome) -> tuple[float, float]:
+    """Which candidate came closest when none holds: the one within the SLO on the fewest
+    replicas, else the lowest worst term on its largest count. The table and the sentence
+    then show its figures, not the first candidate's beside another's verdict."""
+    within = [n for n, r in o.tried.items() if within_slo(r)]
+    top = max(o.tried[max(o.tried)].constraints, default=0.0) if o.tried else float("inf")
+    return (float(min(within)) if within else float("inf"), top)
 
 
 def _deciding(r: TrialResult) -> WindowResult | None:
@@ -219,6 +260,7 @@ def capacity_answer(evaluator: RobustEvaluator,
         raise ValueError("candidates is empty: the capacity search needs a config")
     searched: list[tuple[str, int, bool, bool]] = []
     best: CapacityOutcome | None = None
+    outcomes: list[CapacityOutcome] = []
     seen: list[Mapping[str, Any]] = []
     for label, config in candidates:
         if config in seen:
@@ -239,10 +281,14 @@ def capacity_answer(evaluator: RobustEvaluator,
 
         answer = CapacityPlanner(score_fn=score).search(
             evaluator.scenario, config, lo, top, margin=evaluator.margin)
+        outcome = CapacityOutcome(answer.replicas, dict(config), label, lo, hi,
+                                  dict(answer.results))
+        outcomes.append(outcome)
         if best is None or answer.replicas is not None:
-            best = CapacityOutcome(answer.replicas, dict(config), label, lo, hi,
-                                   dict(answer.results))
+            best = outcome
     assert best is not None
+    if best.replicas is None:
+        best = min(outcomes, key=_closeness)  # ties: the earlier candidate
     floors: tuple[IdleFloor, ...] = ()
     if best.replicas is None and isinstance(evaluator.scenario.workload, TraceSpec):
         lowest: dict[str, IdleFloor] = {}
