@@ -290,3 +290,19 @@ def test_the_recommendation_is_drawn_on_its_own_replica_count() -> None:
             assert x == 2
         else:
             assert abs(x - (max(HOLDS.constraints) + 1.0)) < 1e-9
+
+
+def test_the_pareto_plot_shows_the_headroom_line_when_every_point_is_past_the_limit() -> None:
+    """A reviewer's pareto.png listed "10% headroom" in its legend with the dashed line
+    not to be seen: every point was past 200 %, the x axis began at 90 %, and the line
+    lay on the axis's left edge."""
+    from slopilot.tuner.study.report_plots import pareto_figure
+
+    shares = ((615.0, 780.0, 900.0), (450.0, 600.0), (615.0, 9000.0))  # the last: log
+    for p0_ttft in shares:
+        trials = [(i, judged((ms, 30.0), (500.0, 40.0))) for i, ms in enumerate(p0_ttft)]
+        ax = pareto_figure(trials, subject=SUBJECT).axes[0]
+        for x in (1.0 - HEADROOM, 1.0):
+            # Where the line falls across the axis: inside it, clear of its edges.
+            at = ax.transAxes.inverted().transform(ax.transData.transform((x, 0.0)))[0]
+            assert 0.02 < at < 0.98, (p0_ttft, x, at, ax.get_xlim())

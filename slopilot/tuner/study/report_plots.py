@@ -311,6 +311,20 @@ def _names(configs: Sequence[int]) -> str:
     return ", ".join(parts)
 
 
+def _in_view(ax: Any, lines: list[float], *, log: bool, pad: float = 0.05) -> None:
+    """Widen the x axis so each vertical line sits ``pad`` of its width inside it: the
+    autoscale keeps the lines' x but no margin past them, and a reviewer's headroom line
+    at 90 % lay on the left edge, listed in the legend but not to be seen."""
+    import math
+
+    f, inv = (math.log, math.exp) if log else ((lambda v: v), (lambda v: v))
+    lo, hi = (f(v) for v in ax.get_xlim())
+    first, last = f(min(lines)), f(max(lines))
+    span = max(hi, last) - min(lo, first)
+    lo, hi = min(lo, first - pad * span), max(hi, last + pad * span)
+    ax.set_xlim(inv(lo), inv(hi))
+
+
 def pareto_figure(results: Results, *, start: TrialResult | None = None,
                   subject: PlotSubject, recommended: Recommended | None = None) -> Any:
     """Each config's objective against its worst term; the start config (when given)
@@ -352,6 +366,7 @@ def pareto_figure(results: Results, *, start: TrialResult | None = None,
         ax.set_xscale("log")
         ax.xaxis.set_minor_formatter(NullFormatter())
     ax.xaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
+    _in_view(ax, [1.0] + ([1.0 - margin] if margin else []), log=log)
     ax.set(xlabel="worst SLO term, as a share of its limit" + (" (log)" if log else ""),
            ylabel=objective_label(trials), title="Goodput against the worst SLO term")
     _share_axis(ax, values, share=any(r.objective is not None for _, r in trials))
