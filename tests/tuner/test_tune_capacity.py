@@ -192,3 +192,12 @@ def test_none_holds_the_table_is_the_closest_candidates_and_says_so() -> None:
     assert "Each count's figures are trial 0's, the candidate closest to holding." in table
     assert out.to_dict()["candidate"] == "trial 0"
     assert out.to_dict()["tried"]["8"]["within_slo"] is True
+
+
+def test_within_the_slo_but_flat_names_both_and_does_not_advise_more_replicas() -> None:
+    ev = ShareEvaluator({"a": {1: 3.0, 8: 0.95, 16: 0.94}})
+    out = capacity_answer(ev, [("trial 3", {"name": "a"})], 2, 16)  # type: ignore[arg-type]
+    sentence = out.sentence()
+    assert sentence.startswith("Not even 16 replicas hold the SLO with 10% headroom; 8 "
+                               "replicas are within the SLO (P1 TBT p99 at 95% of its limit)")
+    assert "More replicas do not move it" in sentence and "--max-replicas" not in sentence
