@@ -22,7 +22,7 @@ from optuna.trial import TrialState
 
 from slopilot.tuner.study.objective import TrialResult
 from slopilot.tuner.study.space import SearchSpace
-from slopilot.tuner.study.tuner import Tuner
+from slopilot.tuner.study.tuner import STARTED_ATTR, Tuner
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,9 @@ class ResumableTuner(Tuner):
                      self.study.study_name, number, stored.state.name)
             return
         names = result.constraint_names or tuple(f"c{i}" for i in range(len(result.constraints)))
-        attrs = {**stored.user_attrs, "config": dict(result.config),
+        # Not a start of its own: its start is the stale trial's, counted there.
+        kept = {k: v for k, v in stored.user_attrs.items() if k != STARTED_ATTR}
+        attrs = {**kept, "config": dict(result.config),
                  "goodput_tok_s": result.goodput_tok_s,
                  "constraints": list(result.constraints),
                  "constraint_names": list(names), "feasible": result.feasible,

@@ -12,6 +12,7 @@ continues past it. The queue of warm starts, judged against the space, is
 from __future__ import annotations
 
 import logging
+import math
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -29,6 +30,10 @@ from slopilot.tuner.study.storage import StudyStorageError, storage_of
 from slopilot.tuner.study.warm_starts import WarmStarts
 
 log = logging.getLogger(__name__)
+STARTED_ATTR = "slopilot_started_at"
+"""The user attribute a live trial's start is kept in (``Tuner.mark_started``): seconds
+on the clock of the loop that applied it, not Optuna's ``datetime_start`` (the host's
+local wall clock, stamped at the ask)."""
 
 
 class Tuner(WarmStarts):
@@ -84,6 +89,31 @@ class Tuner(WarmStarts):
             self.tell_failed(trial.number, f"skipped: {skip}")
             if again is not None:
                 self._enqueue(again, skip_if_exists=False)  # the same warm start, moved
+
+    def mark_started(self, number: int, at: float) -> None:
+        """Record, on trial ``number`` (asked here and not yet told), that it starts at
+        ``at`` on the loop's clock: in the study's storage, before its config is applied,
+        so that a loop restarted after a crash counts it in the hour's trials
+        (``started_since``) though its own record of it was lost."""
+        try:
+            trial = self._asked[number]
+        except KeyError:
+            raise KeyError(f"trial {number} is not open in this tuner (asked by another "
+                           "process, or already told): its start is not recorded") from None
+        trial.set_user_attr(STARTED_ATTR, float(at))
+
+    def started_since(self, since: float) -> list[float]:
+        """The live trials' starts (``mark_started``) at ``since`` or later, in trial order,
+        whatever their state now (told, failed, stale or still running)."""
+        out = []
+        for t in self.study.get_trials(deepcopy=False):
+            at = t.user_attrs.get(STARTED_ATTR)
+            # Read from a storage anyone with the database's password may write: a value
+            # that is no time is no start.
+            if isinstance(at, (int, float)) and not isinstance(at, bool) \
+                    and math.isfinite(at) and at >= since:
+                out.append(float(at))
+        return out
 
     def resume(self, number: int) -> None:
         """Go on with trial ``number``, asked by an earlier tuner of this study (the trial
