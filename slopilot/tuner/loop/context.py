@@ -98,6 +98,11 @@ class LoopContext:
                 f"margins scale_up={scale_up_margin!r}, headroom={headroom_margin!r}: "
                 "need 0 <= scale_up_margin <= headroom_margin < 1 (e.g. 0.1 and 0.2)")
         self.headroom_margin, self.scale_up_margin = headroom_margin, scale_up_margin
+        self.starts_recounted = False
+        """Whether the study's trial starts were merged into ``loop.trial_starts`` yet
+        (``trial_count.recount``): once per controller, before its first trial."""
+        self.starts_unread = False
+        """Whether the last try to read them failed (said once until one succeeds)."""
         self.clock: Callable[[], float] | None = None
         """Where the tick's ``now`` was read (``Controller.tick``'s ``clock``), read again
         by ``took_effect``; None: a virtual clock that stands still within a tick."""

@@ -61,10 +61,10 @@ from slopilot.tuner.loop.scaling import scaling
 from slopilot.tuner.loop.state import ControllerState
 from slopilot.tuner.loop.steady import cooldown, steady
 from slopilot.tuner.loop.transitions import Event, Go, check
+from slopilot.tuner.loop.trial_count import HOUR_S, try_recount
 from slopilot.tuner.study.evaluator import PrometheusUnavailable
 
 log = logging.getLogger(__name__)
-HOUR_S = 3600.0
 
 STEPS: Mapping[ControllerState, Step] = {
     ControllerState.STEADY: steady,
@@ -90,6 +90,9 @@ class Controller(LoopContext):
         tick (the benchmarks, the simulated cluster), and nothing new is read."""
         self.clock = clock
         loop = self.loop
+        # Before the rebase: a start the study kept is matched with the record's as it
+        # was written, before a clock stepped back moves the record's.
+        try_recount(self, now)
         if moved := rebase_future(loop, self.settings, now):
             log.warning("%s: times kept in the future of the clock (it stepped back, or the "
                         "state was written on another clock), each wait restarted from "

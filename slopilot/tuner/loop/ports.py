@@ -315,3 +315,23 @@ class LiveStudy(Protocol):
         """Remove the study and its trials from storage; nothing left to do when it is
         already gone."""
         ...
+
+
+@runtime_checkable
+class TrialStarts(Protocol):
+    """A ``LiveStudy`` that also keeps when each live trial started, on the loop's clock,
+    in its storage: a record that outlives the process. The loop's own
+    (``LoopState.trial_starts``) reaches the status only after the tick that applied the
+    trial; a process killed in between left a restarted loop's hourly cap short of that
+    trial (``trial_count.py``). A study without it (a test's, the simulated cluster's) is
+    counted by the loop's record alone."""
+
+    def mark_started(self, number: int, at: float) -> None:
+        """Record that trial ``number``, asked here and still open, starts at ``at`` (the
+        loop's clock); raises where the storage cannot take it."""
+        ...
+
+    def started_since(self, since: float) -> list[float]:
+        """The starts recorded in this study at ``since`` or later (one a trial, however
+        it ended since), on the clock they were recorded on."""
+        ...

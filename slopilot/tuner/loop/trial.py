@@ -6,7 +6,9 @@ A trial starts when its apply returns (``LoopContext.took_effect``), not at the 
 ``now``: its window, its ``max_trial_s`` and its rollout's watch count from there. The
 hour's trial count (``trial_starts``) keeps the tick's ``now``: it is entered before the
 apply, so that an apply that raises still counts, and it bounds how many trials an hour
-starts, not what a window measures."""
+starts, not what a window measures. The same start is stamped on the trial in the study
+before the apply, where it outlives a process killed before its status write
+(``trial_count.py``)."""
 
 from __future__ import annotations
 
@@ -14,10 +16,10 @@ import contextlib
 
 from slopilot.engine.config import ConfigError
 from slopilot.engine.window_summary import WindowSummary
-from slopilot.tuner.loop import restore, rollout_watch
+from slopilot.tuner.loop import restore, rollout_watch, trial_count
 from slopilot.tuner.loop.context import LoopContext
 from slopilot.tuner.loop.decision import Action, Decision, TrialOutcome
-from slopilot.tuner.loop.ports import Settled
+from slopilot.tuner.loop.ports import Settled, TrialStarts
 from slopilot.tuner.loop.state import ControllerState, RunningTrial
 from slopilot.tuner.loop.transitions import Event, Go
 
@@ -30,6 +32,9 @@ def next_trial(ctx: LoopContext, now: float, reason: str) -> Decision | Go:
     if loop.episode_trials >= s.max_trials:
         return Go(ControllerState.COMMIT, Event.TRIAL_LIMIT,
                   f"trial_limit: {s.max_trials} trials")
+    # The study's starts that the loop's record lacks (a crash before a status write),
+    # should the tick's read have failed; raises, as the ask would, while it is out.
+    trial_count.recount(ctx, now)
     if len(loop.trial_starts) >= s.hourly_trials:
         return Go(ControllerState.COMMIT, Event.TRIAL_RATE_LIMIT,
                   f"trial_rate_limit: {s.hourly_trials} per hour")
@@ -49,6 +54,11 @@ def next_trial(ctx: LoopContext, now: float, reason: str) -> Decision | Go:
     canary = s.canary and ctx.deployment.replica_counts().ready >= 2
     loop.trial_starts.append(now)
     try:
+        if isinstance(ctx.study, TrialStarts):
+            # In the study, before the apply: the status that keeps ``trial_starts`` is
+            # written after the tick, and a process killed before then left the pods
+            # running a trial that a restarted loop's hourly cap did not count.
+            ctx.study.mark_started(number, now)
         replica = ctx.deployment.apply_config(config, canary=canary, trial=True)
     except ConfigError as exc:
         ctx.study.tell_failed(number, f"config refused: {exc}")

@@ -1,0 +1,71 @@
+"""The hour's live-trial count across a crash: the loop's record with the study's.
+
+``LoopState.trial_starts`` bounds the trials an hour starts (``hourly_trials``). It is
+entered before a trial's apply, but reaches the status only with the tick's write: an
+operator killed in between (SIGKILL, an OOM the trial itself may cause, a node lost)
+restarted with no record of a trial its pods ran, and a crash loop applied trials
+without bound. ``trial.py`` therefore also stamps each start on the trial in the study
+(``ports.TrialStarts``) before the apply, and a new controller merges the study's
+stamps of the last hour into its record once (``recount``), before its first trial: its
+next status write keeps them, so no tick reads the study for it again.
+
+Both are on the loop's clock (the stamp is the tick's ``now``, as the record's entry),
+not Optuna's ``datetime_start`` (the host's wall clock, which a virtual clock's tests
+and benchmarks never meet). The same start is in both under the same value, so the two
+are merged as multisets: each value as many times as the source that has it most. The
+record alone holds the starts of another study (before a storage switch, or a space's
+successor), and the study alone those of a trial whose tick was never written.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Iterable
+
+from slopilot.tuner.loop.context import LoopContext
+from slopilot.tuner.loop.ports import TrialStarts
+
+log = logging.getLogger(__name__)
+HOUR_S = 3600.0
+
+
+def merged(kept: Iterable[float], stamped: Iterable[float]) -> list[float]:
+    """``kept`` with each start of ``stamped`` it lacks: a value both hold counts as
+    many times as the one that holds it more often, not twice."""
+    have, out = Counter(kept), list(kept)
+    for at, n in Counter(stamped).items():
+        out.extend([at] * max(0, n - have[at]))
+    return sorted(out)
+
+
+def recount(ctx: LoopContext, now: float) -> None:
+    """Merge the study's starts of the hour before ``now`` into the loop's record, once
+    per controller. Raises where the study cannot be read (the caller decides whether
+    that stops a trial); tried again at the next call then."""
+    study = ctx.study
+    if ctx.starts_recounted or not isinstance(study, TrialStarts):
+        return
+    stamped = study.started_since(now - HOUR_S)
+    loop = ctx.loop
+    before = len(loop.trial_starts)
+    loop.trial_starts = merged(loop.trial_starts, stamped)
+    ctx.starts_recounted = True
+    if (found := len(loop.trial_starts) - before) > 0:
+        log.warning("%s: %d trial start(s) of the last hour found in study %s and not in "
+                    "the loop's record (its process stopped before its status said so): "
+                    "counted in the hourly cap", ctx.settings.key, found, study.name)
+
+
+def try_recount(ctx: LoopContext, now: float) -> None:
+    """``recount``, where a study out of reach only waits: the tick goes on (no trial is
+    asked of a study out of reach), and the next one tries again."""
+    try:
+        recount(ctx, now)
+    except Exception as exc:  # SQLAlchemy's many kinds: the database is out of reach
+        if not ctx.starts_unread:
+            log.warning("%s: the study's trial starts not read (%s: %s); read before the "
+                        "next trial", ctx.settings.key, type(exc).__name__, exc)
+        ctx.starts_unread = True
+    else:
+        ctx.starts_unread = False

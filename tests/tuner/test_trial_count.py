@@ -1,0 +1,157 @@
+"""The hour's live-trial cap across a crash (``trial_count.py``).
+
+A trial's start reaches the loop's record (``LoopState.trial_starts``) only with the
+status write after its tick; a process killed before then came back with no record of a
+trial its pods ran. The start is stamped on the trial in the study before the apply, and
+a new controller counts the study's stamps with its own record, neither twice.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+
+from slopilot.tuner.loop.state import LoopState
+from slopilot.tuner.loop.trial_count import merged
+from slopilot.tuner.prometheus.alerts import AlertAction
+from slopilot.tuner.study.live import ResumableTuner
+from slopilot.tuner.study.space import SearchSpace
+from slopilot.tuner.study.storage import open_study
+from slopilot.tuner.study.tuner import STARTED_ATTR
+from tests.tuner.controller_fakes import FakeAlerts, Rig, alert
+
+
+def test_a_start_both_hold_counts_once_and_each_ones_own_counts() -> None:
+    assert merged([1.0, 2.0], [2.0, 3.0]) == [1.0, 2.0, 3.0]
+    assert merged([5.0, 5.0], [5.0]) == [5.0, 5.0]  # two trials at one virtual instant
+    assert merged([5.0], [5.0, 5.0]) == [5.0, 5.0]
+    assert merged([], []) == []
+
+
+def tuner(url: str) -> ResumableTuner:
+    return ResumableTuner(open_study(url, "live"), SearchSpace.from_bounds())
+
+
+def rig(study: Any, **settings: Any) -> Rig:
+    return Rig(alerts=FakeAlerts([alert(AlertAction.RETUNE)]), study=study, offline=None,
+               settings={"max_trials_per_hour": 1, **settings})
+
+
+def crashed_after_a_trial(url: str) -> tuple[Rig, dict[str, Any]]:
+    """A loop that applied trial 0 at t=1000; returns it and the state its last status
+    write kept (the one before that tick)."""
+    first = rig(tuner(url))
+    ctl = first.build()
+    saved = ctl.to_dict()
+    ctl.tick(1000.0)
+    assert ctl.loop.trial is not None and len(first.dep.applied) == 1
+    first.study.close()  # killed: the tick's state never written
+    return first, saved
+
+
+def test_a_loop_restarted_without_its_trials_record_counts_the_studys(
+        tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'live.db'}"
+    _, saved = crashed_after_a_trial(url)
+    again = rig(tuner(url))
+    ctl = again.build(LoopState.from_dict(saved))
+    ctl.tick(1010.0)
+    assert again.dep.applied == [] and ctl.loop.trial is None  # the hour's one has run
+    assert ctl.loop.trial_starts == [1000.0]
+    assert [t.number for t in optuna.load_study(study_name="live", storage=url).trials] \
+        == [0]
+    # An hour on the loop's clock after the start, it counts no more.
+    ctl.tick(4600.0)
+    assert ctl.loop.trial is not None and len(again.dep.applied) == 1
+    again.study.close()
+
+
+def test_a_start_on_record_and_in_the_study_counts_once(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'live.db'}"
+    first = rig(tuner(url), max_trials_per_hour=2)
+    ctl = first.build()
+    ctl.tick(1000.0)
+    saved = ctl.to_dict()  # written this time
+    first.study.close()
+    again = rig(tuner(url), max_trials_per_hour=2)
+    ctl = again.build(LoopState.from_dict(saved))
+    ctl.tick(1001.0)
+    assert ctl.loop.trial_starts == [1000.0]
+    again.study.close()
+
+
+def test_starts_of_another_study_count_beside_the_new_ones(tmp_path: Path) -> None:
+    """A storage switch: the record holds the old study's starts, which the new study
+    does not; its own unrecorded one is added to them."""
+    url = f"sqlite:///{tmp_path / 'live.db'}"
+    _, saved = crashed_after_a_trial(url)
+    again = rig(tuner(url), max_trials_per_hour=3)
+    state = LoopState.from_dict(saved)
+    state.trial_starts = [900.0]  # a trial of the old storage's study
+    ctl = again.build(state)
+    ctl.tick(1010.0)
+    assert ctl.loop.trial_starts[:2] == [900.0, 1000.0]
+    again.study.close()
+
+
+class Unreachable(ResumableTuner):
+    """A study whose storage stops answering once ``down`` is set."""
+
+    down = False
+
+    def started_since(self, since: float) -> list[float]:
+        if self.down:
+            raise ConnectionError("could not connect to server: Connection refused")
+        return super().started_since(since)
+
+
+def test_a_study_out_of_reach_leaves_the_tick_and_is_read_before_the_next_trial(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    url = f"sqlite:///{tmp_path / 'live.db'}"
+    _, saved = crashed_after_a_trial(url)
+    study = Unreachable(open_study(url, "live"), SearchSpace.from_bounds())
+    study.down = True
+    again = Rig(study=study, offline=None,  # type: ignore[arg-type]
+                settings={"max_trials_per_hour": 1})
+    ctl = again.build(LoopState.from_dict(saved))
+    assert ctl.tick(1005.0).state.value == "steady"  # no alert: nothing needs the study
+    assert ctl.tick(1006.0).state.value == "steady"
+    assert caplog.text.count("trial starts not read") == 1  # said once
+    assert ctl.loop.trial_starts == [] and not ctl.starts_recounted
+    study.down = False
+    again.alerts.alerts.append(alert(AlertAction.RETUNE))
+    ctl.tick(1010.0)
+    assert ctl.loop.trial_starts == [1000.0] and again.dep.applied == []
+    study.close()
+
+
+def test_a_stale_trials_measurement_kept_as_a_new_trial_is_no_new_start(
+        tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'live.db'}"
+    first = tuner(url)
+    number, config = first.ask()
+    first.mark_started(number, 1000.0)
+    first.close()
+    study = optuna.load_study(study_name="live", storage=url)
+    study.tell(number, state=optuna.trial.TrialState.FAIL)  # failed as stale
+    from slopilot.tuner.study.objective import TrialResult
+    again = tuner(url)
+    again.tell(number, TrialResult(config=config, goodput_tok_s=1.0, constraints=(-0.5,),
+                                   feasible=True, constraint_names=("p0_ttft",)))
+    trials = optuna.load_study(study_name="live", storage=url).trials
+    assert len(trials) == 2 and STARTED_ATTR not in trials[1].user_attrs
+    assert again.started_since(0.0) == [1000.0]
+
+
+def test_a_start_that_is_no_time_is_not_counted(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'live.db'}"
+    first = tuner(url)
+    for value in ("soon", float("nan"), True, 1000.0):
+        number, _ = first.ask()
+        first._asked[number].set_user_attr(STARTED_ATTR, value)
+        first.tell_failed(number, "test")
+    assert first.started_since(0.0) == [1000.0]
+    assert first.started_since(1000.5) == []
