@@ -46,7 +46,8 @@ def recount(ctx: LoopContext, now: float) -> None:
     study = ctx.study
     if ctx.starts_recounted or not isinstance(study, TrialStarts):
         return
-    stamped = study.started_since(now - HOUR_S)
+    # The hour as ``Controller.tick`` keeps it: a start exactly an hour old is out.
+    stamped = [t for t in study.started_since(now - HOUR_S) if now - t < HOUR_S]
     loop = ctx.loop
     before = len(loop.trial_starts)
     loop.trial_starts = merged(loop.trial_starts, stamped)
