@@ -155,3 +155,22 @@ def test_a_start_that_is_no_time_is_not_counted(tmp_path: Path) -> None:
         first.tell_failed(number, "test")
     assert first.started_since(0.0) == [1000.0]
     assert first.started_since(1000.5) == []
+
+
+def test_a_forged_record_of_no_starts_does_not_lift_the_cap(tmp_path: Path) -> None:
+    """A tenant who may write its status rewrote ``status.controller.trial_starts`` to
+    ``[]`` at every step, each time a new controller was built from it (as the daemon
+    does after another writer's state): 6 trials were asked in 97 s under a cap of 2 an
+    hour. The study's stamps are counted by every new controller."""
+    url = f"sqlite:///{tmp_path / 'live.db'}"
+    study = tuner(url)
+    forged = rig(study, max_trials_per_hour=2, max_trials=10)
+    state: LoopState | None = None
+    for now in (0.0, 10.0, 11.0, 21.0, 52.0, 54.0, 64.0, 65.0, 75.0, 76.0, 86.0, 97.0):
+        ctl = forged.build(state)
+        ctl.tick(now)
+        state = LoopState.from_dict(dict(ctl.loop.to_dict(), trial_starts=[]))
+    assert len(forged.dep.applied) <= 2 + 2, forged.dep.applied  # trials and restores
+    trials = optuna.load_study(study_name="live", storage=url).trials
+    assert len(trials) == 2 and all(STARTED_ATTR in t.user_attrs for t in trials)
+    study.close()
