@@ -16,6 +16,11 @@ A namespace being deleted is skipped (the API server refuses any create in it; k
 stops serving it once it is gone), with a warning; so is one where the create is
 refused (its RoleBinding not made yet): warned, and tried again at each new listing,
 every ``RESYNC_S`` at most. Nothing here stops the operator.
+
+Not watched: the peering objects themselves. One deleted by hand while its namespace
+stays is made again only at the operator's next start (kopf does not pause then, but
+its replicas stop seeing each other in that namespace); checking each at every listing
+would cost a GET a served namespace a minute.
 """
 
 from __future__ import annotations
@@ -110,7 +115,10 @@ def keep_peerings(kube: Kube, name: str, served: Callable[[str], bool],
             version = (listing.get("metadata") or {}).get("resourceVersion")
             del listing
             watch = kubernetes.watch.Watch()
-            for event in watch.stream(core.list_namespace, deserialize=False,
+            # Deserialized, though only the raw object is read: without it the client's
+            # events carry no ``raw_object``, which its own handling of an ERROR event
+            # (an expired version) reads too.
+            for event in watch.stream(core.list_namespace,
                                       timeout_seconds=resync_s, resource_version=version,
                                       _request_timeout=resync_s + REQUEST_TIMEOUT_S):
                 if stop.is_set():
