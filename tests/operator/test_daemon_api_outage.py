@@ -31,6 +31,7 @@ from slopilot.operator import api_reach, deployment_loop, tuning_daemon
 from slopilot.operator.cr_locks import LockTable
 from slopilot.operator.daemon_ends import DaemonEnds
 from slopilot.operator.kubeapi import ApiError, Kube
+from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.settings import RETRY_BACKOFF_S
 from slopilot.operator.tuning_pool import TuningPool
 from slopilot.tuner.study.heartbeat import GRACE_S
@@ -198,6 +199,23 @@ def test_transient_api_errors_are_no_answer_not_ready_or_too_many(
     assert api_reach.transient(error) is transient
 
 
+def died_unrecorded(cluster: Cluster, body: dict[str, Any],
+                    monkeypatch: pytest.MonkeyPatch, policy: OperatorPolicy) -> None:
+    """A daemon that asks and applies a trial, then dies before any status write takes
+    (each times out): the trial is in the study and on the pods, on no record."""
+
+    def unwritten(*_: Any, **__: Any) -> Any:
+        raise ApiError(504, "Timeout", "etcdserver: request timed out")
+
+    dead = daemon_loop(cluster, body, monkeypatch, factory=build_study_controller,
+                       policy=policy)
+    with monkeypatch.context() as m:
+        m.setattr(deployment_loop, "write_status", unwritten)
+        assert dead.step()
+    assert dead.unwritten is not None and not cluster.status().get("controller")
+    dead.close()
+
+
 def test_a_trial_a_dead_daemon_asked_and_never_recorded_is_failed_as_stale(
         kube: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -206,19 +224,9 @@ def test_a_trial_a_dead_daemon_asked_and_never_recorded_is_failed_as_stale(
     passed (a restarted operator's) fails it as stale, rather than leave it RUNNING."""
     body, policy, pod = tuning_cr(kube, cluster, prom, tmp_path)
     storage = policy.allowed_storage[0]
-
-    def unwritten(*_: Any, **__: Any) -> Any:
-        raise ApiError(504, "Timeout", "etcdserver: request timed out")
-
     with serving(pod):
         add_pod(cluster, "chat", 0, pod.port)
-        dead = daemon_loop(cluster, body, monkeypatch, factory=build_study_controller,
-                           policy=policy)
-        with monkeypatch.context() as m:
-            m.setattr(deployment_loop, "write_status", unwritten)
-            assert dead.step()
-        assert dead.unwritten is not None and not cluster.status().get("controller")
-        dead.close()  # the process ends: nothing beats for trial 0 any more
+        died_unrecorded(cluster, body, monkeypatch, policy)  # nothing beats for trial 0
         # The grace period passes (the heartbeat's row made as old as it would be then).
         old = datetime.datetime.now() - datetime.timedelta(seconds=GRACE_S + 60)
         with sqlite3.connect(tmp_path / "study.db") as db:

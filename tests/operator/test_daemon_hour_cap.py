@@ -12,15 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from slopilot.operator import deployment_loop
-from slopilot.operator.kubeapi import ApiError
 from tests.operator.operator_support import Cluster, add_pod, daemon_loop
 from tests.operator.standins import PrometheusStandIn, build_study_controller, serving
-from tests.operator.test_daemon_api_outage import study_trials
+from tests.operator.test_daemon_api_outage import died_unrecorded, study_trials
 from tests.operator.test_daemon_heartbeat import tuning_cr
 from tests.support.kube_server import RunningEmulator
 
@@ -31,19 +28,10 @@ def test_a_trial_a_dead_daemon_applied_unrecorded_counts_in_the_hourly_cap(
     body, policy, pod = tuning_cr(kube, cluster, prom, tmp_path)
     policy = dataclasses.replace(policy, max_trials_per_hour=1)
     storage = policy.allowed_storage[0]
-
-    def unwritten(*_: Any, **__: Any) -> Any:
-        raise ApiError(504, "Timeout", "etcdserver: request timed out")
-
     with serving(pod):
         add_pod(cluster, "chat", 0, pod.port)
-        dead = daemon_loop(cluster, body, monkeypatch, factory=build_study_controller,
-                           policy=policy)
-        with monkeypatch.context() as m:
-            m.setattr(deployment_loop, "write_status", unwritten)
-            assert dead.step()  # trial 0 applied; its start never reaches the status
-        assert dead.unwritten is not None and not cluster.status().get("controller")
-        dead.close()  # killed: nothing more is written
+        # Trial 0 applied, its start never reaching the status; then killed.
+        died_unrecorded(cluster, body, monkeypatch, policy)
         restarted = daemon_loop(cluster, body, monkeypatch, factory=build_study_controller,
                                 policy=policy)
         assert restarted.step()

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -32,7 +31,14 @@ from slopilot.operator.peering_keeper import keep_peerings
 from slopilot.operator.render import DEFAULT_OPERATOR_NAMESPACE
 from slopilot.operator.study_reclaim import serving
 from tests.operator.operator_support import Cluster, llmd, wait_for
-from tests.operator.test_operator_rbac import ACCOUNT, MANIFESTS, TOKEN, USER, namespaced
+from tests.operator.test_operator_rbac import (
+    ACCOUNT,
+    MANIFESTS,
+    TOKEN,
+    USER,
+    Operator,
+    namespaced,
+)
 from tests.support.kube_authz import granted_to
 from tests.support.kube_server import RunningEmulator
 from tests.support.waits import HANG_GUARD_S
@@ -105,30 +111,22 @@ def test_the_keeper_makes_one_in_each_served_namespace_as_it_comes(
     assert creates_in(kube, "team-a") == ["POST", "POST"]
 
 
-class Operator:
-    def __init__(self, kube: RunningEmulator, tmp_path: Path, *args: str) -> None:
-        env = {**os.environ, "PYTHONUNBUFFERED": "1",
-               "KUBECONFIG": str(kube.kubeconfig_as(TOKEN, tmp_path / "sa.kubeconfig")),
-               "SLOPILOT_CONTROLLER_FACTORY": "tests.operator.standins:build_controller",
-               "SLOPILOT_CONTROLLER_TICK_S": "0.2",
-               "SLOPILOT_OPERATOR_NAMESPACE": DEFAULT_OPERATOR_NAMESPACE,
-               "SLOPILOT_ALLOWED_STORAGE": f"sqlite:///{tmp_path}/*",
-               "SLOPILOT_DEFAULT_STORAGE": f"sqlite:///{tmp_path}/study.db"}
-        env.pop("POD_ID", None)
-        self.log = (tmp_path / "operator.log").open("w+")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "slopilot.cli", "operator", *args,
-             *(() if "--standalone" in args else ("--peering", PEERING))],
-            env=env, stdout=self.log, stderr=subprocess.STDOUT)
-
-    def output(self) -> str:
-        self.log.seek(0)
-        return self.log.read()
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout=HANG_GUARD_S)
+def start_operator(kube: RunningEmulator, tmp_path: Path, *args: str) -> Operator:
+    """The operator's process as the ServiceAccount, peered unless ``--standalone``."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1",
+           "KUBECONFIG": str(kube.kubeconfig_as(TOKEN, tmp_path / "sa.kubeconfig")),
+           "SLOPILOT_CONTROLLER_FACTORY": "tests.operator.standins:build_controller",
+           "SLOPILOT_CONTROLLER_TICK_S": "0.2",
+           "SLOPILOT_OPERATOR_NAMESPACE": DEFAULT_OPERATOR_NAMESPACE,
+           "SLOPILOT_ALLOWED_STORAGE": f"sqlite:///{tmp_path}/*",
+           "SLOPILOT_DEFAULT_STORAGE": f"sqlite:///{tmp_path}/study.db"}
+    env.pop("POD_ID", None)
+    log = (tmp_path / "operator.log").open("w+")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "slopilot.cli", "operator", *args,
+         *(() if "--standalone" in args else ("--peering", PEERING))],
+        env=env, stdout=log, stderr=subprocess.STDOUT)
+    return Operator(proc, log)
 
 
 @pytest.fixture
@@ -153,7 +151,7 @@ def test_a_glob_of_namespaces_is_served(
         kube: RunningEmulator, kube_client: kubernetes.client.ApiClient, tmp_path: Path,
         peering_crds: None, operators: list[Operator]) -> None:
     served_by(kube, "team-a")
-    operators.append(op := Operator(kube, tmp_path, "--namespace", "team-*"))
+    operators.append(op := start_operator(kube, tmp_path, "--namespace", "team-*"))
     cluster = Cluster(kube_client, namespace="team-a")
     body = llmd(tuning={"enabled": False})
     body["metadata"]["namespace"] = "team-a"
@@ -168,7 +166,7 @@ def test_a_namespace_deleted_and_created_again_pauses_no_other(
         kube: RunningEmulator, kube_client: kubernetes.client.ApiClient, tmp_path: Path,
         peering_crds: None, operators: list[Operator]) -> None:
     served_by(kube, "team-a", "team-b")
-    operators.append(op := Operator(kube, tmp_path, "--namespace", "team-a",
+    operators.append(op := start_operator(kube, tmp_path, "--namespace", "team-a",
                                     "--namespace", "team-b"))
     cluster = Cluster(kube_client, namespace="team-a")
     body = llmd(tuning={"enabled": False})
