@@ -19,8 +19,8 @@ import yaml
 
 from slopilot.operator.crd import crd_manifest
 from tests.operator.operator_support import Cluster, llmd, wait_for
-from tests.operator.test_operator_rbac import MANIFESTS
-from tests.operator.test_peering_keeper import Operator, namespace
+from tests.operator.test_operator_rbac import MANIFESTS, Operator
+from tests.operator.test_peering_keeper import namespace, start_operator
 from tests.support.kube_server import RunningEmulator
 
 
@@ -29,7 +29,7 @@ def operator(kube: RunningEmulator, tmp_path: Path) -> Iterator[Operator]:
     kube.install(crd_manifest(), *yaml.safe_load_all(
         (MANIFESTS / "kopf-peering.yaml").read_text(encoding="utf-8")),
         namespace("slopilot-system"))
-    op = Operator(kube, tmp_path, "--all-namespaces", "--standalone")
+    op = start_operator(kube, tmp_path, "--all-namespaces", "--standalone")
     yield op
     if op.proc.poll() is None:
         op.proc.kill()
