@@ -32,7 +32,9 @@ deployment's measured P99s and SLO attainment go to ``status`` too (slo_status.p
   vllm_take_back.py, taken back again at each step while the status takes no write, as
   the stamp is a tenant's to remove; the write that next takes reduces that record to
   its committed config), and a restarted operator that finds it still on record does not resume it
-  (``trial_ends.end_told``). ``STATUS_GIVE_UP_S`` is shortened to the trial's window
+  (``trial_ends.end_told``), and, on vLLM, takes its arguments off again while the status
+  still takes no write (``_recognise_taken_back``: a restart, or a key rotated with it,
+  loses the old process's memory and the stamp's seal, not the loop state). ``STATUS_GIVE_UP_S`` is shortened to the trial's window
   where that is shorter (``give_up_after``).
 - One writer of the loop's state: each write of ``status.controller`` is made only over
   the state this daemon built its controller from or last wrote there. Another found
@@ -95,6 +97,7 @@ from slopilot.operator.trial_ends import UNWRITTEN, end_unbuilt, trial_storage
 from slopilot.operator.tuned_base import target_of
 from slopilot.operator.tuned_status import NotHeld
 from slopilot.operator.twin_status import TwinTracker
+from slopilot.operator.vllm_take_back import stamp_found
 from slopilot.tuner.loop.controller import Controller
 from slopilot.tuner.loop.decision import Decision
 from slopilot.tuner.loop.errors import ControllerError
@@ -211,6 +214,7 @@ class DeploymentLoop:
         generation = body["metadata"].get("generation")
         if self.unwritten is not None:  # no new tick before the last one is on record
             if not self._write(self.unwritten, self.unwritten_time):
+                self._recognise_taken_back(body)
                 self._keep_taken_back(body)
                 self._end_unrecorded_trial()
                 # The sync writes nothing of the decision held: the pods follow the spec,
@@ -246,7 +250,11 @@ class DeploymentLoop:
             # The clock too: what an apply starts (a trial's window, a cooldown) counts
             # from its return, which may be minutes into the tick.
             decision = self.controller.tick(self.clock(), clock=self.clock)
-            self._write(decision, now_rfc3339())
+            if not self._write(decision, now_rfc3339()):
+                # A restarted loop's first tick: a take-back its predecessor made is
+                # kept from this step, not the next one's (_recognise_taken_back).
+                self._recognise_taken_back(body)
+                self._keep_taken_back(body)
         except (SpecError, ControllerError) as exc:
             self.close()  # rebuilt once the spec or the environment is fixed
             self.logger.warning("controller not running: %s", exc)
@@ -509,6 +517,36 @@ class DeploymentLoop:
                     self.taken_back_to = whole, backend
         self.synced_at = None  # the pods checked against the trial's end at once
         self._say(reason)
+
+    def _recognise_taken_back(self, body: Mapping[str, Any]) -> None:
+        """A take-back made by an earlier process of this operator (restarted while the
+        status took no write), recognised from what outlives it: the Deployment's stamp
+        (present, verified or not: a key rotated since leaves it unverified), ``body``'s
+        record of a vLLM trial, and the loop state built from that status owing the
+        episode's config with no trial running (the trial was ended, told failed in its
+        study: ``trial_ends.end_told``). Held as ``_end_unrecorded_trial`` holds its
+        own, so that ``_keep_taken_back`` keeps the trial's arguments off the pods,
+        stamped under the key held now, and the write that next takes reduces the
+        record (vllm_take_back.py)."""
+        controller = self.controller
+        if self.taken_back is not None or controller is None or not trial_recorded(body):
+            return
+        loop = controller.loop
+        target = None if loop.trial is not None else loop.rollback_config()
+        if target is None or _ran_on(loop, body).backend != Backend.VLLM.value:
+            return
+        try:
+            if not stamp_found(self.kube, self.namespace, self.name, self.uid):
+                return
+        except Exception as exc:  # the API: recognised at the next step
+            log.warning("%s: the Deployment's take-back stamp was not read: %s: %s",
+                        self.key, type(exc).__name__, exc)
+            return
+        self.taken_back = (body.get("status") or {}).get("tunedConfig")
+        self.taken_back_to = {**(loop.baseline_config or {}), **target}, Backend.VLLM.value
+        log.warning("%s: the status still records a trial this operator took off the "
+                    "Deployment before it restarted (a take-back stamp is on it); kept "
+                    "off until the status takes a write", self.key)
 
     def _keep_taken_back(self, body: Mapping[str, Any]) -> None:
         """While the status still takes no write and records the trial whose vLLM

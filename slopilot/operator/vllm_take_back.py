@@ -34,9 +34,18 @@ its Secret deleted and the operator restarted) is no stamp, and the reconcile re
 the status as recorded: what it did before any take-back, and after a status write. A
 stamp removed or edited while the status still takes no write is put back by the loop
 at its next step (``DeploymentLoop._keep_taken_back``), with the trial's arguments taken
-off again where a repair rendered them meanwhile. A key rotated in that outage (the
-restarted loop does not hold what it took back) leaves the trial's arguments rendered
-until the status takes a write (docs/operations.md).
+off again where a repair rendered them meanwhile.
+
+The loop's memory of a take-back does not outlive its process, and a key rotated in the
+same outage leaves the stamp unverified: a drift repair rendered the trial's record
+again. A restarted loop therefore recognises a take-back from what outlives it
+(``DeploymentLoop._recognise_taken_back``): a stamp on the Deployment (``stamp_found``:
+present, verified or not), the status still recording a trial and the loop state it
+built from that status owing the episode's config with no trial running. It takes the
+trial back again, under the key it holds now (docs/operations.md). A stamp that is only
+present proves nothing (anyone writes it), and is not what the take-back trusts: the
+loop state alone says the trial is over, and the stamp only says that this situation is
+a take-back's, so that nothing else the loop does changes.
 """
 
 from __future__ import annotations
@@ -147,6 +156,16 @@ def take_back(kube: Kube, namespace: str, name: str, uid: str,
     raise ApplyError(f"{name}: Deployment/{name} changed between each of {ATTEMPTS} reads "
                      "and its conditional patch: the trial's vLLM arguments are taken off "
                      "at the next try")
+
+
+def stamp_found(kube: Kube, namespace: str, name: str, uid: str) -> bool:
+    """Whether the Deployment CR ``uid`` controls carries a take-back stamp at all,
+    verified or not (a key rotated since leaves it unverified): a take-back may have
+    been made there by an operator since restarted (module docstring)."""
+    dep = kube.get("apps/v1", "deployments", namespace, name)
+    if dep is None or not controlled_by(dep, KIND, uid):
+        return False
+    return TAKEN_BACK_ANNOTATION in ((dep.get("metadata") or {}).get("annotations") or {})
 
 
 def rendered_body(kube: Kube, body: Mapping[str, Any], mint: TokenMint

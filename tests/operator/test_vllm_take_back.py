@@ -23,8 +23,9 @@ from slopilot.operator.crd import crd_manifest
 from slopilot.operator.deployment_loop import STATUS_GIVE_UP_S, DeploymentLoop
 from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.reconcile import reconcile
+from slopilot.operator.render import DEFAULT_OPERATOR_NAMESPACE
 from slopilot.operator.scale_stamp import record_digest
-from slopilot.operator.tokens import TokenMint
+from slopilot.operator.tokens import KEY_SECRET, TokenMint
 from slopilot.operator.vllm_take_back import TAKEN_BACK_ANNOTATION, rendered_body
 from tests.operator.operator_support import NS, Cluster, llmd, operator_mint
 from tests.operator.standins import PrometheusStandIn
@@ -246,3 +247,55 @@ def test_a_stamp_under_a_replaced_key_is_no_stamp(
     for junk in ("", "x" * 64, "\u00e9" * 64):
         _stamp(cluster, junk)
         assert rendered_body(cluster.kube, cr, operator_mint(cluster)) is cr
+
+
+def _restarted(cluster: Cluster, body: dict[str, Any], policy: OperatorPolicy,
+               hook: Webhook, monkeypatch: pytest.MonkeyPatch, now: list[float],
+               old: DeploymentLoop, rotate: bool) -> DeploymentLoop:
+    """The operator restarted: a new loop over the same cluster, holding nothing of the
+    old one's memory; with ``rotate`` its key replaced meanwhile (its Secret deleted, so
+    the restarted operator creates a new one, as the rotation in docs/operations.md)."""
+    old.close()
+    if rotate:
+        cluster.kube.delete("v1", "secrets", DEFAULT_OPERATOR_NAMESPACE, KEY_SECRET)
+    return _loop(cluster, body, policy, hook, monkeypatch, now)
+
+
+@pytest.mark.parametrize("rotated", [False, True], ids=["same-key", "key-rotated"])
+def test_a_restart_mid_outage_keeps_the_trials_arguments_off(
+        kube: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, rotated: bool) -> None:
+    """The take-back is the Deployment's record, not the old loop's memory: a restarted
+    operator (under a new key too) finds the ended trial still on record and keeps its
+    arguments off every pod while the status takes no write (docs/operations.md)."""
+    body, policy = vllm_cr(kube, cluster, prom, tmp_path)
+    hook, now = Webhook(cluster.kube), [1_000_000.0]
+    loop = _loop(cluster, body, policy, hook, monkeypatch, now)
+    before, _ = trial_started(loop, cluster)
+    hook.on = True
+    now[0] += 60.0
+    assert loop.step()
+    now[0] += STATUS_GIVE_UP_S
+    assert loop.step()
+    assert knob_args(cluster) == before
+    old_key = operator_mint(cluster)
+    loop = _restarted(cluster, body, policy, hook, monkeypatch, now, loop, rotated)
+    check = operator_mint(cluster)
+    assert (check.seal("x", "y") == old_key.seal("x", "y")) is not rotated
+    for _ in range(3):
+        now[0] += 60.0
+        assert loop.step()
+        assert cluster.status()["tunedConfig"].get("trial") is True  # still unwritable
+        repaired_with(cluster, policy, check)  # a drift repair by the restarted operator
+        assert knob_args(cluster) == before
+    hook.on = False  # fixed: the trial goes off record
+    now[0] += 60.0
+    assert loop.step()
+    assert (cluster.status().get("tunedConfig") or {}).get("trial") is not True
+    repaired_with(cluster, policy, check)
+    assert knob_args(cluster) == before
+
+
+def repaired_with(cluster: Cluster, policy: OperatorPolicy, mint: TokenMint) -> None:
+    """A drift repair by an operator holding ``mint``'s key."""
+    reconcile(cluster.kube, cluster.get(), policy=policy, mint=mint)
