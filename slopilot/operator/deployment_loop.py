@@ -31,11 +31,12 @@ deployment's measured P99s and SLO attainment go to ``status`` too (slo_status.p
   Deployment's arguments, stamped so that no reconcile renders the trial's record again:
   vllm_take_back.py, taken back again at each step while the status takes no write, as
   the stamp is a tenant's to remove; the write that next takes reduces that record to
-  its committed config), and a restarted operator that finds it still on record does not resume it
-  (``trial_ends.end_told``), and, on vLLM, takes its arguments off again while the status
-  still takes no write (``_recognise_taken_back``: a restart, or a key rotated with it,
-  loses the old process's memory and the stamp's seal, not the loop state). ``STATUS_GIVE_UP_S`` is shortened to the trial's window
-  where that is shorter (``give_up_after``).
+  its committed config), and a restarted operator that finds it still on record does not
+  resume it (``trial_ends.end_told``), and, on vLLM, takes its arguments off again while
+  the status still takes no write (``_recognise_taken_back``: a restart, or a key rotated
+  with it, loses the old process's memory and the stamp's seal, not the loop state).
+  ``STATUS_GIVE_UP_S`` is shortened to the trial's window where that is shorter
+  (``give_up_after``).
 - One writer of the loop's state: each write of ``status.controller`` is made only over
   the state this daemon built its controller from or last wrote there. Another found
   there is another writer's (a second operator replica's daemon, before the peering
