@@ -20,6 +20,7 @@ from slopilot.tuner.prometheus.alerts import AlertAction
 from slopilot.tuner.study.live import ResumableTuner
 from slopilot.tuner.study.space import SearchSpace
 from slopilot.tuner.study.storage import open_study
+from slopilot.tuner.study.study_family import successor_name
 from slopilot.tuner.study.tuner import STARTED_ATTR
 from tests.tuner.controller_fakes import FakeAlerts, Rig, alert
 
@@ -174,3 +175,36 @@ def test_a_forged_record_of_no_starts_does_not_lift_the_cap(tmp_path: Path) -> N
     trials = optuna.load_study(study_name="live", storage=url).trials
     assert len(trials) == 2 and all(STARTED_ATTR in t.user_attrs for t in trials)
     study.close()
+
+
+def test_a_restart_in_a_successor_study_counts_the_old_studys_starts(
+        tmp_path: Path) -> None:
+    """The space changed while the operator was down: the restarted loop asks in the
+    successor study (study_family.py), and the start the crash left unrecorded is in the
+    base's stamps alone. Counted all the same: the cap is the deployment's, not one
+    study's."""
+    url = f"sqlite:///{tmp_path / 'live.db'}"
+    _, saved = crashed_after_a_trial(url)
+    successor = ResumableTuner(open_study(url, successor_name("live", "0123456789ab")),
+                               SearchSpace.from_bounds())
+    again = rig(successor)
+    ctl = again.build(LoopState.from_dict(saved))
+    ctl.tick(1010.0)
+    assert again.dep.applied == [] and ctl.loop.trial is None
+    assert ctl.loop.trial_starts == [1000.0]
+    successor.close()
+
+
+def test_another_deployments_study_in_the_storage_is_not_counted(tmp_path: Path) -> None:
+    """Only the study's own family: ``live2`` shares the database, not the cap."""
+    url = f"sqlite:///{tmp_path / 'live.db'}"
+    other = ResumableTuner(open_study(url, "live2"), SearchSpace.from_bounds())
+    number, _ = other.ask()
+    other.mark_started(number, 1000.0)
+    other.close()
+    again = rig(tuner(url))
+    ctl = again.build()
+    ctl.tick(1010.0)
+    assert ctl.loop.trial is not None and ctl.loop.trial_starts == [1010.0]
+    again.study.close()
+

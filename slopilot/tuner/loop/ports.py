@@ -332,6 +332,7 @@ class TrialStarts(Protocol):
         ...
 
     def started_since(self, since: float) -> list[float]:
-        """The starts recorded in this study at ``since`` or later (one a trial, however
-        it ended since), on the clock they were recorded on."""
+        """The starts recorded in this study, and in the studies of its family (the
+        deployment's studies before and after a space move), at ``since`` or later (one
+        a trial, however it ended since), on the clock they were recorded on."""
         ...

@@ -13,8 +13,10 @@ Both are on the loop's clock (the stamp is the tick's ``now``, as the record's e
 not Optuna's ``datetime_start`` (the host's wall clock, which a virtual clock's tests
 and benchmarks never meet). The same start is in both under the same value, so the two
 are merged as multisets: each value as many times as the source that has it most. The
-record alone holds the starts of another study (before a storage switch, or a space's
-successor), and the study alone those of a trial whose tick was never written.
+study's stamps are its family's (``study_family.family_trials``): a restart under a
+changed space asks in a successor study, and the base's stamps, a crash's among them,
+still count. The record alone holds the starts of a study in another storage (before a
+storage switch), and the study alone those of a trial whose tick was never written.
 """
 
 from __future__ import annotations

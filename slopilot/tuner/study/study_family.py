@@ -228,6 +228,24 @@ def _fail(study: optuna.Study, left: LeftTrial, reason: str) -> str | None:
     return study.study_name
 
 
+def family_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """The trials of ``study``'s family in its storage: its base's and each successor's,
+    ``study``'s own among them (only its own where its storage is not known). What one
+    deployment ran, whichever space asked it: a start stamped in the base before a
+    restart under a changed space moved the deployment to a successor still counts in
+    its hourly cap (``Tuner.started_since``)."""
+    store = storage_of(study)
+    if store is None:
+        return list(study.get_trials(deepcopy=False))
+    base = base_of(study.study_name)
+    out: list[optuna.trial.FrozenTrial] = []
+    for name in optuna.get_all_study_names(storage=store):
+        if in_family(base, name):
+            out.extend(store.get_all_trials(store.get_study_id_from_name(name),
+                                            deepcopy=False))
+    return out
+
+
 def delete_family(storage: str, base: str) -> list[str]:
     """Delete ``base`` and its successors from ``storage`` (a database URL); the names
     deleted. StudyStorageError where the storage cannot be reached."""

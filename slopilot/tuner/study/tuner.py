@@ -27,6 +27,7 @@ from slopilot.tuner.study.objective import TrialResult
 from slopilot.tuner.study.results import rank, result_of
 from slopilot.tuner.study.space import SearchSpace
 from slopilot.tuner.study.storage import StudyStorageError, storage_of
+from slopilot.tuner.study.study_family import family_trials
 from slopilot.tuner.study.warm_starts import WarmStarts
 
 log = logging.getLogger(__name__)
@@ -103,10 +104,12 @@ class Tuner(WarmStarts):
         trial.set_user_attr(STARTED_ATTR, float(at))
 
     def started_since(self, since: float) -> list[float]:
-        """The live trials' starts (``mark_started``) at ``since`` or later, in trial order,
-        whatever their state now (told, failed, stale or still running)."""
+        """The live trials' starts (``mark_started``) at ``since`` or later, whatever their
+        state now (told, failed, stale or still running): this study's and its family's
+        (``family_trials``), so that a space moved to a successor study does not forget
+        the starts stamped in the one before."""
         out = []
-        for t in self.study.get_trials(deepcopy=False):
+        for t in family_trials(self.study):
             at = t.user_attrs.get(STARTED_ATTR)
             # Read from a storage anyone with the database's password may write: a value
             # that is no time is no start.
