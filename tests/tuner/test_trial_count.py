@@ -208,3 +208,44 @@ def test_another_deployments_study_in_the_storage_is_not_counted(tmp_path: Path)
     assert ctl.loop.trial is not None and ctl.loop.trial_starts == [1010.0]
     again.study.close()
 
+
+def test_a_trial_a_crash_left_unrecorded_counts_in_its_episode(tmp_path: Path) -> None:
+    """Trial 1 of a 2-trial episode applied, and the operator killed before its status
+    write: the restarted loop's record says one trial ran. The study's stamp counts it in
+    the episode too, which ends at its limit rather than asking a third."""
+    url = f"sqlite:///{tmp_path / 'live.db'}"
+    first = rig(tuner(url), max_trials_per_hour=10, max_trials=2)
+    ctl = first.build()
+    now = 1000.0
+    ctl.tick(now)
+    assert ctl.loop.trial is not None
+    while ctl.loop.episode_trials < 1:  # trial 0 judged (it misses: the episode goes on)
+        now += 5.0
+        ctl.tick(now)
+    assert ctl.loop.trial is None and ctl.loop.state.value == "tuning"
+    saved = ctl.to_dict()  # written
+    now += 1.0
+    while ctl.loop.trial is None:
+        ctl.tick(now)
+    first.study.close()  # killed: trial 1's tick never written
+    again = rig(tuner(url), max_trials_per_hour=10, max_trials=2)
+    ctl = again.build(LoopState.from_dict(saved))
+    ctl.tick(now + 1.0)
+    assert ctl.loop.episode_trials == 2 and ctl.loop.trial is None
+    assert [t.number for t in optuna.load_study(study_name="live", storage=url).trials] \
+        == [0, 1]  # no third trial asked
+    again.study.close()
+
+
+def test_an_unrecorded_start_before_a_new_episode_is_not_its_trial(tmp_path: Path) -> None:
+    """The crash came in the tick that began the episode (the record is STEADY's): the
+    restarted loop begins the episode anew, counting from 0, the start in its hour."""
+    url = f"sqlite:///{tmp_path / 'live.db'}"
+    _, saved = crashed_after_a_trial(url)
+    again = rig(tuner(url), max_trials_per_hour=3)
+    ctl = again.build(LoopState.from_dict(saved))
+    ctl.tick(1010.0)
+    assert ctl.loop.episode_trials == 0 and ctl.loop.trial is not None
+    assert ctl.loop.trial_starts == [1000.0, 1010.0]
+    again.study.close()
+

@@ -17,6 +17,12 @@ study's stamps are its family's (``study_family.family_trials``): a restart unde
 changed space asks in a successor study, and the base's stamps, a crash's among them,
 still count. The record alone holds the starts of a study in another storage (before a
 storage switch), and the study alone those of a trial whose tick was never written.
+
+Such a trial was also its episode's, and ``LoopState.episode_trials`` lost it with the
+tick: a start found only in the study while the record's episode is open is counted in
+that episode too, so that a crash loop does not run an episode past ``max_trials``. A
+record outside an episode (the crash came in the tick that began one) is left: the
+episode begins again from 0, the start counted in the hour alone.
 """
 
 from __future__ import annotations
@@ -54,10 +60,19 @@ def recount(ctx: LoopContext, now: float) -> None:
     before = len(loop.trial_starts)
     loop.trial_starts = merged(loop.trial_starts, stamped)
     ctx.starts_recounted = True
-    if (found := len(loop.trial_starts) - before) > 0:
-        log.warning("%s: %d trial start(s) of the last hour found in study %s and not in "
-                    "the loop's record (its process stopped before its status said so): "
-                    "counted in the hourly cap", ctx.settings.key, found, study.name)
+    if (found := len(loop.trial_starts) - before) <= 0:
+        return
+    episode = ""
+    if loop.episode_open:
+        # Started after the last state written, which was this episode's: its trials
+        # too (at most one tick goes unwritten, and none both ends an episode and
+        # starts the next one's trial). Uncounted, each crash gave the episode one
+        # trial more than its limit.
+        loop.episode_trials += found
+        episode = f" and in this episode's trials (now {loop.episode_trials})"
+    log.warning("%s: %d trial start(s) of the last hour found in study %s and not in "
+                "the loop's record (its process stopped before its status said so): "
+                "counted in the hourly cap%s", ctx.settings.key, found, study.name, episode)
 
 
 def try_recount(ctx: LoopContext, now: float) -> None:
