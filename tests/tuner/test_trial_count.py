@@ -249,3 +249,43 @@ def test_an_unrecorded_start_before_a_new_episode_is_not_its_trial(tmp_path: Pat
     assert ctl.loop.trial_starts == [1000.0, 1010.0]
     again.study.close()
 
+
+def test_a_start_the_clock_stepped_back_over_counts_once_after_a_restart(
+        tmp_path: Path) -> None:
+    """Trial 0 started at 5000, then the clock stepped back to 2000: the record's start is
+    brought back to 2000 (clock_step.py), the study's stamp stays 5000. A restart then
+    finds one start in each under two values: one start, not two."""
+    url = f"sqlite:///{tmp_path / 'live.db'}"
+    first = rig(tuner(url), max_trials_per_hour=2)
+    ctl = first.build()
+    ctl.tick(5000.0)
+    assert ctl.loop.trial is not None
+    ctl.tick(2000.0)  # an NTP step back
+    assert ctl.loop.trial_starts == [2000.0]
+    saved = ctl.to_dict()  # written
+    first.study.close()
+    again = rig(tuner(url), max_trials_per_hour=2)
+    ctl = again.build(LoopState.from_dict(saved))
+    ctl.tick(2005.0)
+    assert ctl.loop.trial_starts == [2000.0]
+    again.study.close()
+
+
+def test_an_unrecorded_start_ahead_of_a_stepped_back_clock_still_counts(
+        tmp_path: Path) -> None:
+    """Killed before the write that recorded trial 0's start at 1000, restarted on a
+    clock behind it: the study's stamp is the only record, and counts (from now)."""
+    url = f"sqlite:///{tmp_path / 'live.db'}"
+    _, saved = crashed_after_a_trial(url)
+    again = rig(tuner(url))
+    ctl = again.build(LoopState.from_dict(saved))
+    ctl.tick(500.0)
+    assert again.dep.applied == [] and ctl.loop.trial_starts == [500.0]
+    again.study.close()
+
+
+def test_a_stamp_ahead_of_the_clock_is_matched_with_an_entry_the_clock_moved() -> None:
+    assert merged([2000.0], [5000.0], 2005.0) == [2000.0]
+    assert merged([], [5000.0], 2005.0) == [5000.0]  # the record lacks it: counted
+    assert merged([2000.0], [2000.0, 5000.0], 2005.0) == [2000.0, 5000.0]
+    assert merged([2000.0], [5000.0]) == [2000.0, 5000.0]  # no clock: by value alone

@@ -18,6 +18,15 @@ changed space asks in a successor study, and the base's stamps, a crash's among 
 still count. The record alone holds the starts of a study in another storage (before a
 storage switch), and the study alone those of a trial whose tick was never written.
 
+A clock stepped back (an NTP step) after a start moves the record's entry back to the
+clock (``clock_step.rebase_future``), while the study's stamp keeps the value it was
+stamped with, now ahead of the clock: matched by value, a restart counted that start
+twice. So a stamp ahead of ``now`` is matched first with a record entry no stamp holds
+(``merged``); only one with no such entry is a start the record lacks. (A record entry
+with no stamp is otherwise one of a study in another storage, or a start whose stamp
+failed and whose trial was never applied: matched with one of those, a start ahead of a
+stepped-back clock may go uncounted once, in a restart that follows both.)
+
 Such a trial was also its episode's, and ``LoopState.episode_trials`` lost it with the
 tick: a start found only in the study while the record's episode is open is counted in
 that episode too, so that a crash loop does not run an episode past ``max_trials``. A
@@ -38,12 +47,25 @@ log = logging.getLogger(__name__)
 HOUR_S = 3600.0
 
 
-def merged(kept: Iterable[float], stamped: Iterable[float]) -> list[float]:
+def merged(kept: Iterable[float], stamped: Iterable[float],
+           now: float | None = None) -> list[float]:
     """``kept`` with each start of ``stamped`` it lacks: a value both hold counts as
-    many times as the one that holds it more often, not twice."""
-    have, out = Counter(kept), list(kept)
-    for at, n in Counter(stamped).items():
-        out.extend([at] * max(0, n - have[at]))
+    many times as the one that holds it more often, not twice. With ``now``, a stamp
+    after it (the clock stepped back since) that ``kept`` lacks is matched first with an
+    entry of ``kept`` at or before ``now`` that no stamp holds: the record's own entry
+    for it, brought back to the clock by ``rebase_future`` (module docstring)."""
+    kept, have = list(kept), Counter(kept)
+    counts = Counter(stamped)
+    spare = [] if now is None else \
+        [r for r in sorted((have - counts).elements()) if r <= now]
+    out = list(kept)
+    for at, n in sorted(counts.items()):
+        extra = max(0, n - have[at])
+        if now is not None and at > now:
+            taken = min(extra, len(spare))
+            del spare[:taken]
+            extra -= taken
+        out.extend([at] * extra)
     return sorted(out)
 
 
@@ -58,7 +80,7 @@ def recount(ctx: LoopContext, now: float) -> None:
     stamped = [t for t in study.started_since(now - HOUR_S) if now - t < HOUR_S]
     loop = ctx.loop
     before = len(loop.trial_starts)
-    loop.trial_starts = merged(loop.trial_starts, stamped)
+    loop.trial_starts = merged(loop.trial_starts, stamped, now)
     ctx.starts_recounted = True
     if (found := len(loop.trial_starts) - before) <= 0:
         return
