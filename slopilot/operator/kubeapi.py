@@ -52,11 +52,25 @@ class Selected:
 
 
 class ApiError(Exception):
-    """A refused request: ``status`` (HTTP), ``reason`` (Kubernetes' CamelCase) and message."""
+    """A refused request: ``status`` (HTTP), ``reason`` (Kubernetes' CamelCase), message,
+    and the Status's ``details`` (``kind``, ``name``, ``causes``: ``{}`` where none)."""
 
-    def __init__(self, status: int, reason: str, message: str) -> None:
+    def __init__(self, status: int, reason: str, message: str, *,
+                 details: Mapping[str, Any] | None = None) -> None:
         super().__init__(f"{status} {reason}: {message}")
         self.status, self.reason, self.message = status, reason, message
+        self.details: Mapping[str, Any] = details or {}
+
+
+def api_error(status: int, payload: Any, raw: bytes) -> ApiError:
+    """The ApiError of an answer ``status`` >= 400, from its Status object where it is one
+    (``raw``, its text, where not)."""
+    if not isinstance(payload, dict):
+        return ApiError(status, "", str(raw[:200]))
+    details = payload.get("details")
+    return ApiError(status, str(payload.get("reason", "")),
+                    str(payload.get("message", raw[:200])),
+                    details=details if isinstance(details, dict) else None)
 
 
 class ListError(RuntimeError):
@@ -173,10 +187,7 @@ class Kube:
             raise ApiError(response.status, "NotJSON" if response.status < 400 else "",
                            f"an answer that is not JSON: {text!r}") from None
         if response.status >= 400:
-            if isinstance(payload, dict):
-                raise ApiError(response.status, str(payload.get("reason", "")),
-                               str(payload.get("message", raw[:200])))
-            raise ApiError(response.status, "", str(raw[:200]))
+            raise api_error(response.status, payload, raw)
         return payload
 
     def get(self, api_version: str, plural: str, namespace: str | None,

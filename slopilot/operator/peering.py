@@ -25,6 +25,8 @@ from slopilot.operator.kubeapi import ApiError, Kube
 
 log = logging.getLogger(__name__)
 API_VERSION = "kopf.dev/v1"
+# Only for an answer without the Status's details (a proxy's, an old API server's): the
+# wording of the NamespaceLifecycle admission's messages.
 _GONE = re.compile(r'namespaces "[^"]*" not found')
 _TERMINATING = "because it is being terminated"
 
@@ -32,7 +34,20 @@ _TERMINATING = "because it is being terminated"
 def namespace_closed(exc: ApiError) -> str | None:
     """Why a create was refused for its namespace's sake (gone, or being deleted: the
     NamespaceLifecycle admission's answers), or None where it was refused for another
-    reason (RBAC, a CRD not installed)."""
+    reason (RBAC, a CRD not installed).
+
+    Told by the Status's structured parts: a 403 ``Forbidden`` with the cause
+    ``NamespaceTerminating``, a 404 ``NotFound`` of the kind ``namespaces`` (not of the
+    created object's: a missing CRD). The message is read only where the answer has no
+    details at all."""
+    if exc.details:
+        causes = exc.details.get("causes") or []
+        if exc.status == 403 and any(isinstance(c, dict) and c.get("reason") ==
+                                     "NamespaceTerminating" for c in causes):
+            return "is being deleted (Terminating)"
+        if exc.status == 404 and exc.details.get("kind") == "namespaces":
+            return "is gone"
+        return None
     if exc.status == 404 and _GONE.search(exc.message):
         return "is gone"
     if exc.status == 403 and _TERMINATING in exc.message:

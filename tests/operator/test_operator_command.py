@@ -150,6 +150,44 @@ def test_a_namespace_gone_or_being_deleted_is_skipped_at_the_start(
     assert f"namespace team-b {reached.closed['team-b']}" in caplog.text, caplog.text
 
 
+@pytest.mark.parametrize(("error", "why"), [
+    # The API server's Status, its message worded otherwise (another version's, a
+    # translation): the NamespaceLifecycle admission's structured parts decide.
+    (ApiError(403, "Forbidden", "admission refused the create", details={
+        "name": "slopilot", "group": "kopf.dev", "kind": "kopfpeerings",
+        "causes": [{"reason": "NamespaceTerminating", "field": "metadata.namespace",
+                    "message": "namespace team-b is terminating"}]}),
+     "is being deleted (Terminating)"),
+    (ApiError(404, "NotFound", "no such namespace", details={
+        "name": "team-b", "kind": "namespaces"}), "is gone"),
+    # Refused for other reasons, whatever their wording.
+    (ApiError(403, "Forbidden", "cannot create in namespace team-b because it is being "
+              "terminated", details={"name": "slopilot", "kind": "kopfpeerings"}), None),
+    (ApiError(404, "NotFound", 'namespaces "team-b" not found', details={
+        "name": "slopilot", "group": "kopf.dev", "kind": "kopfpeerings"}), None),
+    # No details at all (a proxy's answer, an old server): the message is all there is.
+    (ApiError(403, "Forbidden", "unable to create new content in namespace team-b "
+              "because it is being terminated"), "is being deleted (Terminating)"),
+], ids=["terminating", "gone", "forbidden", "no-crd", "message-only"])
+def test_a_closed_namespace_is_told_by_the_status_not_its_wording(
+        error: ApiError, why: str | None) -> None:
+    from slopilot.operator.peering import namespace_closed
+
+    assert namespace_closed(error) == why
+
+
+def test_an_api_error_keeps_the_status_details() -> None:
+    from slopilot.operator.kubeapi import api_error
+
+    status = {"kind": "Status", "status": "Failure", "reason": "Forbidden", "code": 403,
+              "message": "m", "details": {"kind": "kopfpeerings", "causes": [
+                  {"reason": "NamespaceTerminating", "message": "x"}]}}
+    error = api_error(403, status, b"")
+    assert (error.status, error.reason, error.message) == (403, "Forbidden", "m")
+    assert error.details["causes"][0]["reason"] == "NamespaceTerminating"
+    assert api_error(502, ["not", "a", "status"], b"oops").details == {}
+
+
 @pytest.mark.parametrize(("error", "fix"), [
     (ApiError(403, "Forbidden", 'kopfpeerings.kopf.dev is forbidden: User "x" cannot '
               'create resource "kopfpeerings" in the namespace "team-b"'),
