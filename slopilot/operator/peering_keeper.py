@@ -2,136 +2,89 @@
 
 With a peering name given, kopf (1.45) pauses each namespace it starts serving until it
 sees that namespace's peering object, and its pause is one for the whole operator: one
-served namespace without the object stops every namespace's handlers, silently. The
-operator makes the objects of the namespaces it names at its start (peering.py); kopf
-starts serving others while it runs: each namespace a ``--namespace`` glob matches, and
-a namespace deleted and created again (the old object went with it). So beside kopf
-this thread lists and watches namespaces, as kopf's own namespace observer does (the
-same ``list, watch`` on namespaces: manifests/namespaced-rbac.yaml), and makes the
-object in each served one it has not made it in yet (by the namespace's uid: the same
-name created again is a new namespace). It runs outside kopf's handlers on purpose:
-a kopf handler would be paused by the very pause it is to lift.
+served namespace without the object stops every namespace's handlers, silently. kopf
+itself never creates the object (its peering watcher only reads it, and its keep-alive
+patches it where it exists). The operator makes the objects of the namespaces it names at
+its start (peering.py); kopf starts serving others while it runs: each namespace a
+``--namespace`` glob matches, a namespace deleted and created again (the old object went
+with it), and one left out at the start that is created again (served_patterns.py).
 
-A namespace being deleted is skipped (the API server refuses any create in it; kopf
-stops serving it once it is gone), with a warning; so is one where the create is
-refused (its RoleBinding not made yet): warned, and tried again at each new listing,
-every ``RESYNC_S`` at most. Nothing here stops the operator.
+So beside kopf, on threads of their own (a kopf handler would be paused by the very pause
+it is to lift), this lists and watches namespaces, as kopf's own namespace observer does
+(the same ``list, watch``: manifests/namespaced-rbac.yaml), and the peering objects of
+every namespace (``list, watch`` on ``kopfpeerings`` there too): peering_needs.py makes
+the object where it is missing, again where one is deleted by hand while its namespace
+stays (kopf does not pause then, but its replicas there stop seeing each other), and tries
+a refused create again after a backoff. Where the peering objects may not be watched,
+each listing of namespaces checks each served one's object instead (a GET a minute).
 
-Not watched: the peering objects themselves. One deleted by hand while its namespace
-stays is made again only at the operator's next start (kopf does not pause then, but
-its replicas stop seeing each other in that namespace); checking each at every listing
-would cost a GET a served namespace a minute.
+Nothing here stops the operator; the operator's stop ends it at once: the stop closes the
+open watches (watch_stream.py), and ``keep_peerings`` returns once its threads have ended.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from typing import Any
-
-import kubernetes.client
-import kubernetes.watch
+import time
+from collections.abc import Callable
 
 from slopilot.operator.api_reach import MAX_RETRY_S
-from slopilot.operator.kubeapi import REQUEST_TIMEOUT_S, ApiError, Kube
-from slopilot.operator.peering import ensure_one, namespace_closed
+from slopilot.operator.kubeapi import ApiError, Kube
+from slopilot.operator.peering import API_VERSION
+from slopilot.operator.peering_needs import RETRY_FIRST_S, LeftOut, PeeringKeeper
+from slopilot.operator.watch_stream import OpenWatches, watch_events
 
 log = logging.getLogger(__name__)
 RESYNC_S = 60
-"""How long one watch of namespaces lasts before they are listed again (and each served
-namespace whose object could not be made is tried again)."""
-
-
-def _terminating(namespace: dict[str, Any]) -> bool:
-    return bool((namespace.get("metadata") or {}).get("deletionTimestamp")
-                or (namespace.get("status") or {}).get("phase") == "Terminating")
-
-
-@dataclass
-class PeeringKeeper:
-    """What the watch of namespaces does with each namespace it is told of."""
-
-    kube: Kube
-    name: str
-    served: Callable[[str], bool]
-    made: dict[str, str] = field(default_factory=dict)
-    """namespace -> the uid of the namespace the object is known to be in."""
-    warned: dict[str, str] = field(default_factory=dict)
-    """namespace -> the uid last warned about (one warning per namespace and cause)."""
-
-    def seen(self, namespace: dict[str, Any], event: str = "ADDED") -> None:
-        meta = namespace.get("metadata") or {}
-        ns, uid = str(meta.get("name", "")), str(meta.get("uid", ""))
-        if not ns or not self.served(ns):
-            return
-        if event == "DELETED":
-            self.made.pop(ns, None)
-            self.warned.pop(ns, None)
-            return
-        if self.made.get(ns) == uid:
-            return
-        if _terminating(namespace):
-            self._warn(ns, uid, "is being deleted (Terminating)")
-            return
-        try:
-            ensure_one(self.kube, self.name, ns)
-        except ApiError as exc:
-            self._warn(ns, uid, namespace_closed(exc) or f"refused it ({exc}); tried "
-                       f"again within {RESYNC_S} s")
-            return
-        self.made[ns] = uid
-        self.warned.pop(ns, None)
-
-    def listed(self, namespaces: Iterable[dict[str, Any]]) -> None:
-        """A full listing: namespaces no longer there are forgotten, each other seen."""
-        now = list(namespaces)
-        present = {str((n.get("metadata") or {}).get("name", "")) for n in now}
-        for gone in set(self.made) - present:
-            del self.made[gone]
-        for namespace in now:
-            self.seen(namespace)
-
-    def _warn(self, ns: str, uid: str, why: str) -> None:
-        if self.warned.get(ns) == f"{uid} {why}":
-            return
-        self.warned[ns] = f"{uid} {why}"
-        log.warning("slopilot operator: namespace %s %s: no KopfPeering %r made there; "
-                    "while kopf serves it without one, it pauses every namespace",
-                    ns, why, self.name)
+"""How long one watch lasts before its collection is listed again."""
+JOIN_S = 5.0
+"""How long a stop waits for each of the keeper's threads (each ends at once: its watch
+closed, its waits the stop's); a daemon thread past that."""
+STOP_WITHIN_S = 4 * JOIN_S
+"""The most the operator's stop waits for ``keep_peerings`` to return."""
+NAMESPACES = "/api/v1/namespaces"
+PEERINGS = f"/apis/{API_VERSION}/kopfpeerings"
 
 
 def keep_peerings(kube: Kube, name: str, served: Callable[[str], bool],
-                  stop: threading.Event, *, resync_s: int = RESYNC_S) -> None:
-    """List and watch namespaces until ``stop``, keeping a peering object in each served
-    one (module docstring). An error is logged and the listing started again."""
-    keeper = PeeringKeeper(kube, name, served)
-    core = kubernetes.client.CoreV1Api(kube.client)
+                  stop: threading.Event, *, left_out: LeftOut | None = None,
+                  resync_s: int = RESYNC_S, clock: Callable[[], float] = time.monotonic,
+                  ) -> None:
+    """Keep a peering object in each served namespace until ``stop`` (module docstring);
+    returns once its threads have ended. ``left_out``: the namespaces left out of kopf's
+    patterns at the start, each put back once gone."""
+    keeper = PeeringKeeper(kube, name, served, left_out=left_out, clock=clock)
+    watches = OpenWatches()
+    threads = [threading.Thread(target=job, args=(keeper, stop, watches, resync_s),
+                                name=f"peering-keeper-{what}", daemon=True)
+               for what, job in (("namespaces", _namespaces), ("peerings", _peerings),
+                                 ("retries", _retries))]
+    for thread in threads:
+        thread.start()
+    stop.wait()
+    watches.close_all()
+    for thread in threads:
+        thread.join(JOIN_S)
+
+
+def _namespaces(keeper: PeeringKeeper, stop: threading.Event, watches: OpenWatches,
+                resync_s: int) -> None:
     while not stop.is_set():
         try:
-            listing = kube.request("GET", "/api/v1/namespaces")
+            listing = keeper.kube.request("GET", NAMESPACES)
             keeper.listed(listing.get("items") or [])
-            version = (listing.get("metadata") or {}).get("resourceVersion")
+            version = str((listing.get("metadata") or {}).get("resourceVersion", ""))
             del listing
-            watch = kubernetes.watch.Watch()
-            # Deserialized, though only the raw object is read: without it the client's
-            # events carry no ``raw_object``, which its own handling of an ERROR event
-            # (an expired version) reads too.
-            for event in watch.stream(core.list_namespace,
-                                      timeout_seconds=resync_s, resource_version=version,
-                                      _request_timeout=resync_s + REQUEST_TIMEOUT_S):
-                if stop.is_set():
-                    watch.stop()
-                    break
+            for event in watch_events(keeper.kube, NAMESPACES, version=version,
+                                      timeout_s=resync_s, watches=watches):
                 if event.get("type") in ("ADDED", "MODIFIED", "DELETED"):
-                    keeper.seen(event["raw_object"], event["type"])
-            continue  # the watch ran its time: listed again at once
-        except (ApiError, kubernetes.client.ApiException) as exc:
-            status = exc.status
-            if status == 410:  # the watch's version expired: listed again at once
+                    keeper.seen(event["object"], event["type"])
+            continue  # the watch ran its time (or the stop closed it): listed again
+        except ApiError as exc:
+            if exc.status == 410:  # the watch's version expired: listed again at once
                 continue
-            if status == 403:
+            if exc.status == 403:
                 log.warning("slopilot operator: may not list or watch namespaces (%s): a "
                             "namespace created again or matched by a glob gets no "
                             "KopfPeering; bind slopilot-operator-namespaced "
@@ -143,3 +96,54 @@ def keep_peerings(kube: Kube, name: str, served: Callable[[str], bool],
             log.warning("slopilot operator: list or watch of namespaces failed (%s); "
                         "listed again in %.0f s", exc, MAX_RETRY_S)
         stop.wait(MAX_RETRY_S)
+
+
+def _peerings(keeper: PeeringKeeper, stop: threading.Event, watches: OpenWatches,
+              resync_s: int) -> None:
+    warned = False
+    while not stop.is_set():
+        wait_s = MAX_RETRY_S
+        try:
+            listing = keeper.kube.request("GET", PEERINGS)
+            keeper.peerings_listed([
+                str(p["metadata"].get("namespace")) for p in listing.get("items") or []
+                if p.get("metadata", {}).get("name") == keeper.name])
+            version = str((listing.get("metadata") or {}).get("resourceVersion", ""))
+            del listing
+            warned = False
+            for event in watch_events(keeper.kube, PEERINGS, version=version,
+                                      timeout_s=resync_s, watches=watches):
+                meta = (event.get("object") or {}).get("metadata") or {}
+                if event.get("type") == "DELETED" and meta.get("name") == keeper.name:
+                    keeper.peering_gone(str(meta.get("namespace")))
+            continue
+        except ApiError as exc:
+            if exc.status == 410:
+                continue
+            if exc.status == 403:  # an install from before this grant: checked by GETs
+                keeper.recheck, wait_s = True, resync_s
+                if not warned:
+                    log.warning("slopilot operator: may not list or watch KopfPeerings "
+                                "across namespaces (%s): each served namespace's is "
+                                "checked each %d s instead; bind "
+                                "slopilot-operator-namespaced "
+                                "(manifests/namespaced-rbac.yaml)", exc, resync_s)
+                warned = True
+            else:
+                log.warning("slopilot operator: list or watch of KopfPeerings: %s; listed "
+                            "again in %.0f s", exc, MAX_RETRY_S)
+        except Exception as exc:  # the thread must not die: one deleted stays deleted
+            log.warning("slopilot operator: list or watch of KopfPeerings failed (%s); "
+                        "listed again in %.0f s", exc, MAX_RETRY_S)
+        stop.wait(wait_s)
+
+
+def _retries(keeper: PeeringKeeper, stop: threading.Event, _watches: OpenWatches,
+             _resync_s: int) -> None:
+    # Each retry is due at least RETRY_FIRST_S after its refusal: a look that often is
+    # soon enough, and costs a call only where one is due.
+    while not stop.wait(RETRY_FIRST_S / 5):
+        try:
+            keeper.retry_due()
+        except Exception as exc:  # the thread must not die: a retry would never come
+            log.warning("slopilot operator: KopfPeering retry failed (%s)", exc)

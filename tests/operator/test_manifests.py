@@ -172,6 +172,8 @@ def test_the_namespaced_installs_cluster_role_lists_names_only_and_is_bound_to_n
     assert role["rules"] == [
         {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},
         {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
+         "verbs": ["list", "watch"]},
+        {"apiGroups": ["kopf.dev"], "resources": ["kopfpeerings"],
          "verbs": ["list", "watch"]}]
     assert not [d for d in all_docs() if d["kind"].endswith("Binding")
                 and d["roleRef"]["name"] == role["metadata"]["name"]]
