@@ -13,12 +13,13 @@ import signal
 import sys
 import threading
 import urllib.parse
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from slopilot.operator.kubeapi import ApiError, Kube
     from slopilot.operator.peering import Ensured
+    from slopilot.operator.served_patterns import ServedPatterns
 
 # The peering object of manifests/kopf-peering.yaml (kept here so --help needs no kopf).
 PEERING_NAME = "slopilot"
@@ -156,6 +157,8 @@ def run(args: argparse.Namespace) -> int:
     stop = _stop_event()
     with _signals_stop(stop):
         from slopilot.operator.peering import is_glob, terminating_namespaces
+        from slopilot.operator.peering_keeper import STOP_WITHIN_S
+        from slopilot.operator.served_patterns import ServedPatterns
         from slopilot.operator.study_reclaim import serving
 
         reached = _reach_api(kube, args, stop)
@@ -165,23 +168,30 @@ def run(args: argparse.Namespace) -> int:
         if not args.standalone and any(is_glob(ns) for ns in args.namespace or []):
             closed |= terminating_namespaces(kube, serving(
                 [ns for ns in args.namespace if is_glob(ns)]))
-        namespaces = _still_served(args.namespace or [], closed)
+        # Each namespace closed at the start is left out until it is gone, then served
+        # again: served without its KopfPeering it would pause every other one.
+        namespaces = ServedPatterns(args.namespace or [], closed)
         if args.standalone:
             log.info("slopilot operator: standalone (no peering)")
         else:
             log.info("slopilot operator: peering %r at priority %d (lifetime %d s)",
                      args.peering, args.priority, lifetime)
-        if not args.standalone and not args.all_namespaces:
-            _keep_peerings(kube, args.peering, serving(namespaces), stop)
+        keeper = (_keep_peerings(kube, args.peering, namespaces, stop)
+                  if not args.standalone and not args.all_namespaces else None)
         threading.Thread(target=_reclaim,
                          args=(None if args.all_namespaces else args.namespace,),
                          name="study-reclaim", daemon=True).start()
-        return _run_until_signalled(lambda stop: kopf.run(
-            clusterwide=args.all_namespaces, namespaces=namespaces,
-            standalone=args.standalone or None,
-            peering_name=None if args.standalone else args.peering,
-            priority=None if args.standalone else args.priority,
-            liveness_endpoint=args.liveness, stop_flag=stop), stop)
+        try:
+            return _run_until_signalled(lambda stop: kopf.run(
+                clusterwide=args.all_namespaces, namespaces=namespaces,
+                standalone=args.standalone or None,
+                peering_name=None if args.standalone else args.peering,
+                priority=None if args.standalone else args.priority,
+                liveness_endpoint=args.liveness, stop_flag=stop), stop)
+        finally:
+            stop.set()  # kopf may have ended on its own: the keeper ends with it
+            if keeper is not None:
+                keeper.join(STOP_WITHIN_S)
 
 
 def _stop_event() -> threading.Event:
@@ -220,29 +230,6 @@ def _reach_api(kube: Kube, args: argparse.Namespace,
                            warn=lambda line: log.warning("slopilot operator: %s", line))
 
 
-def _still_served(namespaces: list[str], closed: Mapping[str, str]) -> list[str]:
-    """The ``--namespace`` patterns less each namespace found gone or being deleted at
-    the start: served by kopf with no peering object in it (none can be made there), it
-    would pause every other namespace until it is gone, and it is held by its CRs'
-    finalizers, which the paused operator never releases. A glob matching one is given
-    its exclusion. Served again at the next start. Where every one is closed, all stay
-    (kopf serves every namespace given none)."""
-    from slopilot.operator.peering import is_glob
-    from slopilot.operator.study_reclaim import serving
-
-    kept = [ns for ns in namespaces if ns not in closed]
-    # A glob keeps its other namespaces: the closed ones it matches excluded, in kopf's
-    # syntax ("team-*, !team-b").
-    kept = [", ".join([ns, *(f"!{c}" for c in closed if serving([ns])(c))])
-            if is_glob(ns) else ns for ns in kept]
-    for ns, why in closed.items():
-        log.warning("slopilot operator: namespace %s %s: not served until the operator "
-                    "starts again; end its LLMDeployments with `slopilot operator "
-                    "uninstall -n %s` (docs/operations.md, deleting a served namespace)",
-                    ns, why, ns)
-    return kept or namespaces
-
-
 def _peering_fix(exc: ApiError) -> str:
     """What the administrator does about a refused peering object."""
     if exc.status == 403:
@@ -251,14 +238,18 @@ def _peering_fix(exc: ApiError) -> str:
     return "apply manifests/kopf-peering.yaml (its CRDs) first"
 
 
-def _keep_peerings(kube: Kube, name: str, served: Callable[[str], bool],
-                   stop: threading.Event) -> None:
+def _keep_peerings(kube: Kube, name: str, patterns: ServedPatterns,
+                   stop: threading.Event) -> threading.Thread:
     """A KopfPeering in each namespace kopf starts serving while it runs (a glob's, one
-    created again): peering_keeper.py, beside kopf."""
+    created again, one left out at the start and created again): peering_keeper.py,
+    beside kopf, until ``stop``."""
     from slopilot.operator.peering_keeper import keep_peerings
 
-    threading.Thread(target=keep_peerings, args=(kube, name, served, stop),
-                     name="peering-keeper", daemon=True).start()
+    keeper = threading.Thread(target=keep_peerings, args=(kube, name, patterns.served, stop),
+                              kwargs={"left_out": patterns}, name="peering-keeper",
+                              daemon=True)
+    keeper.start()
+    return keeper
 
 
 def _reclaim(namespaces: list[str] | None) -> None:

@@ -26,7 +26,7 @@ import pytest
 import yaml
 
 from slopilot.operator.crd import crd_manifest
-from slopilot.operator.kubeapi import Kube
+from slopilot.operator.kubeapi import ApiError, Kube
 from slopilot.operator.peering_keeper import keep_peerings
 from slopilot.operator.render import DEFAULT_OPERATOR_NAMESPACE
 from slopilot.operator.study_reclaim import serving
@@ -109,6 +109,140 @@ def test_the_keeper_makes_one_in_each_served_namespace_as_it_comes(
     assert "list or watch of namespaces" not in caplog.text, caplog.text
     assert creates_in(kube, "team-gone") == []
     assert creates_in(kube, "team-a") == ["POST", "POST"]
+
+
+def run_keeper(kube_client: kubernetes.client.ApiClient, served: Any, stop: threading.Event,
+               **kwargs: Any) -> threading.Thread:
+    keeper = threading.Thread(target=keep_peerings, args=(
+        Kube(kube_client), PEERING, served, stop), kwargs=kwargs, daemon=True)
+    keeper.start()
+    return keeper
+
+
+def watches_started(kube: RunningEmulator, plural: str) -> int:
+    return sum(1 for watched, _ in list(kube.emulator.watches) if watched == plural)
+
+
+def test_a_peering_object_deleted_by_hand_is_made_again_while_it_runs(
+        kube: RunningEmulator, kube_client: kubernetes.client.ApiClient,
+        peering_crds: None) -> None:
+    """Its namespace stays: kopf does not pause, but its replicas there stop seeing each
+    other until the object is back (before, until the operator's next start)."""
+    cluster = Cluster(kube_client)
+    kube.install(namespace("team-a"))
+    stop = threading.Event()
+    keeper = run_keeper(kube_client, serving(["team-a"]), stop)
+    try:
+        first = wait_for(lambda: peering_in(cluster, "team-a"), what="team-a's")
+        cluster.kube.delete("kopf.dev/v1", "kopfpeerings", "team-a", PEERING)
+        again = wait_for(lambda: peering_in(cluster, "team-a"), what="team-a's again")
+        assert again["metadata"]["uid"] != first["metadata"]["uid"]
+    finally:
+        stop.set()
+    wait_for(lambda: not keeper.is_alive(), what="the keeper's end")
+    assert creates_in(kube, "team-a") == ["POST", "POST"]
+
+
+def test_the_keeper_ends_when_the_operator_stops_its_watches_open(
+        kube: RunningEmulator, kube_client: kubernetes.client.ApiClient,
+        peering_crds: None) -> None:
+    """A daemon thread held by a watch until its timeout outlived the operator's stop by
+    up to a minute; here the watches would last an hour: only a stop that closes them
+    ends the keeper."""
+    cluster = Cluster(kube_client)
+    kube.install(namespace("team-a"))
+    stop = threading.Event()
+    keeper = run_keeper(kube_client, serving(["team-a"]), stop, resync_s=3600)
+    wait_for(lambda: peering_in(cluster, "team-a"), what="team-a's")
+    wait_for(lambda: watches_started(kube, "namespaces"), what="its watch of namespaces")
+    stop.set()
+    wait_for(lambda: not keeper.is_alive(), what="the keeper's end")
+
+
+def test_a_namespace_left_out_at_the_start_is_served_once_created_again(
+        kube: RunningEmulator, kube_client: kubernetes.client.ApiClient,
+        peering_crds: None) -> None:
+    """Terminating at the start, team-b was left out of kopf's patterns (served without a
+    KopfPeering it would pause every namespace); once it is gone, a team-b created again
+    is a new namespace: served again, its KopfPeering made, without a restart."""
+    from kopf._cogs.structs.references import Insights
+    from kopf._core.reactor.observation import revise_namespaces
+
+    from slopilot.operator.served_patterns import ServedPatterns
+
+    cluster = Cluster(kube_client)
+    kube.install(namespace("team-a"), namespace("team-b", finalizers=["test/hold"]))
+    cluster.core.delete_namespace("team-b")
+    patterns = ServedPatterns(["team-a", "team-b"],
+                              {"team-b": "is being deleted (Terminating)"})
+    assert list(patterns) == ["team-a"]
+    stop = threading.Event()
+    keeper = run_keeper(kube_client, patterns.served, stop, left_out=patterns)
+    try:
+        wait_for(lambda: peering_in(cluster, "team-a"), what="team-a's")
+        assert list(patterns) == ["team-a"]  # still the old, Terminating team-b
+        cluster.core.patch_namespace("team-b", {"metadata": {"finalizers": None}})
+        wait_for(lambda: list(patterns) == ["team-a", "team-b"], what="team-b served again")
+        cluster.core.create_namespace(namespace("team-b"))
+        wait_for(lambda: peering_in(cluster, "team-b"), what="the new team-b's")
+    finally:
+        stop.set()
+    # kopf reads the very collection at each namespace event: the new team-b is served.
+    insights = Insights()
+    revise_namespaces(insights=insights, namespaces=patterns,
+                      raw_events=[{"type": "ADDED", "object": namespace("team-b")}])
+    assert insights.namespaces == {"team-b"}
+    wait_for(lambda: not keeper.is_alive(), what="the keeper's end")
+
+
+class Refusing:
+    """A Kube whose creates of peering objects are refused (no RoleBinding yet)."""
+
+    def __init__(self) -> None:
+        self.creates: list[float] = []
+        self.now = 0.0
+        self.refuse = True
+
+    def get(self, *_args: Any) -> None:
+        return None
+
+    def create(self, *_args: Any) -> dict[str, Any]:
+        self.creates.append(self.now)
+        if self.refuse:
+            raise ApiError(403, "Forbidden", "kopfpeerings is forbidden")
+        return {}
+
+
+def test_a_refused_create_is_retried_with_a_capped_exponential_backoff() -> None:
+    from slopilot.operator.peering_needs import RETRY_CAP_S, RETRY_FIRST_S, PeeringKeeper
+
+    kube = Refusing()
+    keeper = PeeringKeeper(kube, PEERING, serving(["team-*"]),  # type: ignore[arg-type]
+                           clock=lambda: kube.now)
+    team_a = namespace("team-a", uid="u1")
+    keeper.listed([team_a])
+    assert kube.creates == [0.0]
+    # Each listing (and each due check) before the retry's time tries nothing.
+    expected, at, delay = [0.0], 0.0, RETRY_FIRST_S
+    for _ in range(12):
+        kube.now = at + delay - 0.5
+        keeper.listed([team_a])
+        keeper.retry_due()
+        assert kube.creates == expected
+        kube.now = at + delay
+        keeper.retry_due()
+        expected.append(kube.now)
+        assert kube.creates == expected
+        at, delay = kube.now, min(delay * 2, RETRY_CAP_S)
+    assert delay == RETRY_CAP_S
+    kube.refuse = False  # its RoleBinding made
+    kube.now = at + delay
+    keeper.listed([team_a])
+    assert kube.creates[-1] == kube.now
+    kube.now += 10 * RETRY_CAP_S
+    keeper.retry_due()
+    keeper.listed([team_a])
+    assert len(kube.creates) == len(expected) + 1  # made: nothing more to try
 
 
 def start_operator(kube: RunningEmulator, tmp_path: Path, *args: str) -> Operator:
