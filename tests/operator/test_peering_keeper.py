@@ -323,3 +323,32 @@ def test_a_namespace_deleted_and_created_again_pauses_no_other(
         "replicas"] == 2, what="team-a's edit acted on")
     assert peering_in(cluster, "team-b") is not None
     assert op.stop() == 0, op.output()
+
+
+def test_a_namespace_left_out_at_the_start_is_served_by_kopf_once_created_again(
+        kube: RunningEmulator, kube_client: kubernetes.client.ApiClient, tmp_path: Path,
+        peering_crds: None, operators: list[Operator]) -> None:
+    """The operator's own process: kopf was given the live patterns, and reads them when
+    the new team-b comes (before, team-b waited for the operator's next start)."""
+    served_by(kube, "team-a")
+    kube.install(namespace("team-b", finalizers=["test/hold"]))
+    kube.emulator.restrict(TOKEN, USER, granted_to(namespaced(("team-a", "team-b")),
+                                                   DEFAULT_OPERATOR_NAMESPACE, ACCOUNT))
+    cluster = Cluster(kube_client, namespace="team-b")
+    cluster.core.delete_namespace("team-b")  # Terminating at the start
+    # A glob's Terminating namespace is found by the listing at the start (the emulator
+    # does not refuse creates in one, as the API server's admission does).
+    operators.append(op := start_operator(kube, tmp_path, "--namespace", "team-*"))
+    wait_for(lambda: "namespace team-b is being deleted (Terminating): not served until "
+             "it is gone" in op.output(), what="team-b left out")
+    cluster.core.patch_namespace("team-b", {"metadata": {"finalizers": None}})
+    wait_for(lambda: "namespace team-b is gone: served again" in op.output(),
+             what="team-b put back")
+    cluster.core.create_namespace(namespace("team-b"))
+    body = llmd(tuning={"enabled": False})
+    body["metadata"]["namespace"] = "team-b"
+    cluster.create(body)
+    wait_for(lambda: cluster.owned("apps/v1", "deployments", "chat"),
+             what="the new team-b's Deployment")
+    assert peering_in(cluster, "team-b") is not None
+    assert op.stop() == 0, op.output()
