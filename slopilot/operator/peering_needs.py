@@ -106,7 +106,7 @@ class PeeringKeeper:
                 # A listing may also be older than a create just made: ensure_one GETs
                 # before it creates.
                 log.debug("the KopfPeering %s/%s is gone: made again", ns, self.name)
-                self._seen(self.namespaces[ns], "MODIFIED")
+                self._seen(self.namespaces[ns], "MODIFIED", peering_deleted=True)
 
     def retry_due(self) -> None:
         """Each refused create whose retry's time has come, tried again."""
@@ -122,7 +122,8 @@ class PeeringKeeper:
         if self.left_out is not None:
             self.left_out.reopen(ns)
 
-    def _seen(self, namespace: dict[str, Any], event: str) -> None:
+    def _seen(self, namespace: dict[str, Any], event: str, *,
+              peering_deleted: bool = False) -> None:
         ns, uid = _name_uid(namespace)
         if not ns:
             return
@@ -135,7 +136,7 @@ class PeeringKeeper:
         if self.made.get(ns) == uid:
             return
         if _terminating(namespace):
-            self._warn(ns, uid, "is being deleted (Terminating)")
+            self._closed(ns, uid, "is being deleted (Terminating)", peering_deleted)
             return
         retry = self.retries.get(ns)
         if retry is not None and retry.uid == uid and self.clock() < retry.at:
@@ -144,7 +145,7 @@ class PeeringKeeper:
             ensure_one(self.kube, self.name, ns)
         except ApiError as exc:
             if (why := namespace_closed(exc)) is not None:
-                self._warn(ns, uid, why)
+                self._closed(ns, uid, why, peering_deleted)
                 return
             delay = (RETRY_FIRST_S if retry is None or retry.uid != uid
                      else min(retry.delay_s * 2, RETRY_CAP_S))
@@ -156,6 +157,14 @@ class PeeringKeeper:
         self.made[ns] = uid
         self.retries.pop(ns, None)
         self.warned.pop(ns, None)
+
+    def _closed(self, ns: str, uid: str, why: str, peering_deleted: bool) -> None:
+        if peering_deleted:  # the namespace's deletion took it: nothing to warn of,
+            log.info("slopilot operator: namespace %s %s: its KopfPeering went with it",
+                     ns, why)
+            self.made[ns] = uid  # nor to try again in this namespace
+            return
+        self._warn(ns, uid, why)
 
     def _warn(self, ns: str, uid: str, why: str, then: str = "") -> None:
         if self.warned.get(ns) == f"{uid} {why}":

@@ -202,6 +202,7 @@ class Refusing:
         self.creates: list[float] = []
         self.now = 0.0
         self.refuse = True
+        self.error = ApiError(403, "Forbidden", "kopfpeerings is forbidden")
 
     def get(self, *_args: Any) -> None:
         return None
@@ -209,7 +210,7 @@ class Refusing:
     def create(self, *_args: Any) -> dict[str, Any]:
         self.creates.append(self.now)
         if self.refuse:
-            raise ApiError(403, "Forbidden", "kopfpeerings is forbidden")
+            raise self.error
         return {}
 
 
@@ -243,6 +244,29 @@ def test_a_refused_create_is_retried_with_a_capped_exponential_backoff() -> None
     keeper.retry_due()
     keeper.listed([team_a])
     assert len(kube.creates) == len(expected) + 1  # made: nothing more to try
+
+
+def test_a_peering_object_deleted_with_its_namespace_is_not_warned_of(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The namespace controller deletes it with everything else, the namespace's watch
+    event perhaps seen after its own: neither warns that kopf would pause."""
+    from slopilot.operator.peering_needs import PeeringKeeper
+
+    kube = Refusing()
+    kube.refuse = False
+    keeper = PeeringKeeper(kube, PEERING, serving(["team-*"]))  # type: ignore[arg-type]
+    keeper.seen(namespace("team-a", uid="u1"))
+    kube.refuse = True  # the API server's answer in a Terminating namespace
+    kube.error = ApiError(403, "Forbidden", "x", details={
+        "causes": [{"reason": "NamespaceTerminating"}]})
+    with caplog.at_level(logging.INFO):
+        keeper.peering_gone("team-a")  # before the namespace's own event
+        keeper.seen(namespace("team-a", uid="u1",
+                              deletionTimestamp="2026-01-01T00:00:00Z"), "MODIFIED")
+        keeper.retry_due()
+    assert "pauses every namespace" not in caplog.text, caplog.text
+    assert "its KopfPeering went with it" in caplog.text
+    assert len(kube.creates) == 2
 
 
 def start_operator(kube: RunningEmulator, tmp_path: Path, *args: str) -> Operator:
