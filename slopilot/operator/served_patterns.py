@@ -10,9 +10,12 @@ exclusion, in kopf's syntax: ``team-*, !team-b``). kopf takes its patterns once,
 (its namespace observer's ``revise_namespaces``): this collection is that one, and
 ``reopen`` puts a closed namespace back once it is gone. A namespace created by that name
 afterwards is a new one: kopf serves it from its ADDED event, and peering_keeper.py makes
-its KopfPeering. Where kopf may not list and watch namespaces it serves the exact names
-it found at the start and notices no namespace coming or going: one left out then is
-served again only at the next start (docs/operations.md, deleting a served namespace).
+its KopfPeering. One created within moments of the old one's going can reach kopf's
+watch before this one has seen the old go: kopf then serves it from its next event (any
+change to it) or the next start. Where kopf may not list and watch namespaces it serves
+the exact names it found at the start and notices no namespace coming or going: one left
+out then is served again only at the next start (docs/operations.md, deleting a served
+namespace).
 """
 
 from __future__ import annotations
