@@ -55,7 +55,8 @@ def test_duplicate_candidates_are_searched_once_and_none_is_an_error() -> None:
     ev = FakeEvaluator({"a": 2})
     out = capacity_answer(ev, [("trial 1", {"name": "a"}), ("the start config", {"name": "a"})],
                           2, 4)  # type: ignore[arg-type]
-    assert out.replicas == 2 and ev.calls == [("a", 2)]
+    # Once, and the answer's next count (3) to check that it holds too.
+    assert out.replicas == 2 and ev.calls == [("a", 2), ("a", 3)]
     with pytest.raises(ValueError, match="candidates is empty"):
         capacity_answer(ev, [], 2, 4)  # type: ignore[arg-type]
 
@@ -107,9 +108,11 @@ def test_a_term_that_falls_with_replicas_still_advises_more() -> None:
 
 class EdgeEvaluator(FakeEvaluator):
     """P1 TTFT p99 per count as a reviewer's long-context trace read it: 10 and 11
-    replicas within the SLO but short of the headroom, 12 with it, 16 noisier than 12."""
+    replicas within the SLO but short of the headroom, 12 with it, 16 noisier than 12
+    (13 is the answer's next count, run to check that it holds too)."""
 
-    SHARES = {2: 8.35, 4: 5.42, 8: 1.16, 9: 0.95, 10: 0.90, 11: 0.91, 12: 0.77, 16: 0.82}
+    SHARES = {2: 8.35, 4: 5.42, 8: 1.16, 9: 0.95, 10: 0.90, 11: 0.91, 12: 0.77, 13: 0.79,
+              16: 0.82}
 
     def at_replicas(self, n: int) -> EdgeEvaluator:
         return EdgeEvaluator(self.needs, n, self.calls)

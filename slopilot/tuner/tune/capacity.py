@@ -47,9 +47,10 @@ from slopilot.engine.sim.workload_spec import TraceSpec
 from slopilot.tuner.loop.capacity import CapacityPlanner
 from slopilot.tuner.loop.replica_plateau import Flat, flat
 from slopilot.tuner.sim.robust import RobustEvaluator
-from slopilot.tuner.study.objective import TrialResult, WindowResult
+from slopilot.tuner.study.objective import TrialResult, WindowResult, holds
 from slopilot.tuner.study.verdict import term_label, worst_share
 from slopilot.tuner.tune.idle_floor import IdleFloor, idle_floors
+from slopilot.tuner.tune.steady_count import steady_count
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,11 @@ class CapacityOutcome:
     searched: tuple[tuple[str, int, bool, bool], ...] = ()
     """(candidate, replicas, holds with the headroom, within the SLO) for every
     simulation, in order."""
+    lucky: tuple[int, ...] = ()
+    """Counts of this candidate that held while the count above them missed
+    (``steady_count``): holding is not monotonic over the counts tried."""
+    gave_up: bool = False
+    """After ``steady_count.RECHECKS`` + 1 lucky counts only ``hi`` was judged."""
     floors: tuple[IdleFloor, ...] = ()
     """When none holds on a trace: each TTFT-limited class's idle floor, the lowest over
     the candidates' knobs (``idle_floor.py``)."""
@@ -151,7 +157,30 @@ class CapacityOutcome:
                 "largest requests'), so take counts this close as equal; a longer "
                 "--duration judges each on more requests.")
 
+    def flips(self) -> str | None:
+        """Where a count held and the count above it missed, said plainly: the answer is
+        then the smallest count whose next count holds too, not the first that held;
+        None where holding was monotone over the counts tried."""
+        if not self.lucky:
+            return None
+        pairs = "; ".join(f"{n} replica{'s' if n != 1 else ''} held but {n + 1} missed"
+                          for n in self.lucky)
+        if self.replicas is not None:
+            end = (f"so the answer is {self.replicas}, the smallest count tried that holds "
+                   "with every count tried above it holding too")
+        else:
+            end = f"and no count up to {self.hi} holds with the count above it holding too"
+        stopped = (f"; after {len(self.lucky)} such counts only {self.hi}, the maximum, was "
+                   "judged" if self.gave_up else "")
+        return (f"Holding is not monotonic over the counts tried: {pairs} (a window's P99 "
+                f"rests on where its few largest requests land){stopped}, {end}.")
+
     def sentence(self) -> str:
+        flips = self.flips()
+        text = self._sentence()
+        return text if flips is None else f"{text} {flips}"
+
+    def _sentence(self) -> str:
         tried = ", ".join(f"{label} on {n}: " + ("holds with headroom" if ok else
                                                     "within the SLO, not the headroom"
                                                     if within else "misses the SLO")
@@ -193,7 +222,9 @@ class CapacityOutcome:
     def within(self) -> str | None:
         """When none holds with the headroom: the smallest count within the SLO itself,
         its worst term and share, as a clause; None where none is."""
-        n = min((n for n, r in self.tried.items() if within_slo(r)), default=None)
+        # A count that held with the headroom by luck (``lucky``) is not "short of it".
+        n = min((n for n, r in self.tried.items() if within_slo(r) and not r.feasible),
+                default=None)
         if self.replicas is not None or n is None:
             return None
         share, name = worst_share(self.tried[n])
@@ -211,6 +242,8 @@ class CapacityOutcome:
                           for n, r in sorted(self.tried.items())},
                 "flat": None if flat is None else dataclasses.asdict(flat),
                 "idle_floor": [f.to_dict() for f in self.floors],
+                "monotonic": not self.lucky, "lucky": list(self.lucky),
+                "gave_up": self.gave_up,
                 "searched": [{"candidate": label, "replicas": n, "feasible": ok,
                               "within_slo": within}
                              for label, n, ok, within in self.searched]}
@@ -270,21 +303,33 @@ def capacity_answer(evaluator: RobustEvaluator,
         if top < lo:
             break
 
+        runs: dict[int, TrialResult] = {}
+
+        def run(n: int, cfg: Mapping[str, Any] = config, label: str = label,
+                runs: dict[int, TrialResult] = runs) -> TrialResult:
+            if n not in runs:  # the steadiness check reads the bisection's runs again
+                note(f"capacity: {label} on {n} replicas ...")
+                result = runs[n] = evaluator.at_replicas(n).evaluate(cfg)
+                searched.append((label, n, result.feasible, within_slo(result)))
+                note(f"capacity: {label} on {n} replicas "
+                     f"{'holds' if result.feasible else 'does not hold'} the SLO")
+            return runs[n]
+
         def score(scenario: Scenario, cfg: Mapping[str, Any], n: int,
-                  label: str = label) -> TrialResult:
-            note(f"capacity: {label} on {n} replicas ...")
-            result = evaluator.at_replicas(n).evaluate(cfg)
-            searched.append((label, n, result.feasible, within_slo(result)))
-            note(f"capacity: {label} on {n} replicas "
-                 f"{'holds' if result.feasible else 'does not hold'} the SLO")
-            return result
+                  run: Callable[[int], TrialResult] = run) -> TrialResult:
+            return run(n)
 
         answer = CapacityPlanner(score_fn=score).search(
             evaluator.scenario, config, lo, top, margin=evaluator.margin)
-        outcome = CapacityOutcome(answer.replicas, dict(config), label, lo, hi,
-                                  dict(answer.results))
+
+        def ok(n: int, run: Callable[[int], TrialResult] = run) -> bool:
+            return holds(run(n), evaluator.margin)
+
+        steady = steady_count(answer.replicas, ok, runs.keys, top, hi)
+        outcome = CapacityOutcome(steady.replicas, dict(config), label, lo, hi, dict(runs),
+                                  lucky=steady.lucky, gave_up=steady.gave_up)
         outcomes.append(outcome)
-        if best is None or answer.replicas is not None:
+        if best is None or steady.replicas is not None:
             best = outcome
     assert best is not None
     if best.replicas is None:
