@@ -33,7 +33,12 @@ and a larger count reading worse than the answer is named as what it is: the win
 P99 noise, since more replicas never serve the same traffic worse. Where none has the
 headroom, the answer is the closest candidate's (``_closeness``), and a count within the
 SLO is said to be (a reviewer's read "Not even 16 replicas hold the SLO" beside a 16
-within it at 91 %, and a table of the first candidate's figures beside another's)."""
+within it at 91 %, and a table of the first candidate's figures beside another's).
+
+That noise can also flip a verdict, N holding while N + 1 misses, and the bisection
+takes holding as monotone: so its count is checked (``steady_count.py``), the answer is
+the smallest count that holds with its next count holding too, and a count that held
+while the next missed is named (``flips``) rather than answered with."""
 
 from __future__ import annotations
 
