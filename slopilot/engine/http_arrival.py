@@ -1,5 +1,5 @@
 """Each HTTP request stamped, in its ASGI scope (``SCOPE_KEY``), with the moment its first
-bytes came off the socket: uvicorn's h11 protocol for ``slopilot serve``
+bytes reached the kernel: uvicorn's h11 protocol for ``slopilot serve``
 (``h11_protocol``) and its httptools one for the meter (``httptools_protocol``).
 
 The app's task starts later than that: milliseconds under load (the event loop busy
@@ -8,9 +8,12 @@ answers a connection's requests in order, so uvicorn calls the app for the secon
 once the first is answered). Both waits are the client's, and TTFT counts them.
 
 The rule: a request's arrival is the time of the ``data_received`` call that delivered
-its first byte. It is exact to what the server can see (a byte's time is that of the read
-that brought it; bytes held in the kernel while uvicorn paused reading are stamped when
-read), whichever read the request's head completes in and whenever its app is called::
+its first byte, taken back (``backdate``) by how long ago the kernel got the newest of
+that read's bytes (``tcp_received``: the wait in the socket, or in the accept queue, of a
+loop busy elsewhere or a process stopped, which its client paid too). It is exact to what
+the server can see (a byte's time is that of the read that brought it; several requests'
+bytes held in the kernel while uvicorn paused reading, and read at once, take the newest's
+time), whichever read the request's head completes in and whenever its app is called::
 
     reads:     t=1               t=2                       (answer to /one at t=5)
     bytes:     [/one's head, bo][dy | /two's head and body]
@@ -30,6 +33,7 @@ read), whichever read the request's head completes in and whenever its app is ca
 
 from __future__ import annotations
 
+import asyncio
 from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any, cast
@@ -39,6 +43,8 @@ from uvicorn.config import Config
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
+
+from slopilot.engine.tcp_received import Lag, connection_lag
 
 SCOPE_KEY = "slopilot.arrival"
 """The scope key of a request's arrival, on the clock the protocol was given."""
@@ -93,16 +99,40 @@ def _framed_twice(headers: Iterable[tuple[bytes, bytes]]) -> bool:
     return b"content-length" in names and b"transfer-encoding" in names
 
 
-def h11_protocol(clock: Clock) -> type[H11Protocol]:
+class _ReadTime:
+    """A connection's read times: ``clock``'s now, less how long ago the kernel got the
+    newest bytes read when ``backdate`` (``tcp_received``; ``clock`` must then count
+    real seconds) and the connection's socket tells."""
+
+    def __init__(self, clock: Clock, backdate: bool) -> None:
+        self.clock, self.backdate = clock, backdate
+        self.lag: Lag | None = None
+
+    def connected(self, transport: asyncio.BaseTransport) -> None:
+        if self.backdate:
+            self.lag = connection_lag(transport)
+
+    def __call__(self) -> float:
+        now = self.clock()
+        return now if self.lag is None else now - self.lag()
+
+
+def h11_protocol(clock: Clock, backdate: bool = False) -> type[H11Protocol]:
     """uvicorn's h11 protocol, each request's scope stamped with its arrival on
-    ``clock`` (the module's rule)."""
+    ``clock`` (the module's rule): when its bytes reached the kernel where ``backdate``
+    (``clock`` counting real seconds) and the kernel tells, else when they were read."""
 
     class StampingH11Protocol(H11Protocol):
         def __init__(self, config: Config, server_state: ServerState,
                      app_state: dict[str, Any], _loop: Any = None) -> None:
             super().__init__(config, server_state, app_state, _loop)
-            self.timed = _TimedConnection(clock, config.h11_max_incomplete_event_size)
+            self.read_time = _ReadTime(clock, backdate)
+            self.timed = _TimedConnection(self.read_time, config.h11_max_incomplete_event_size)
             self.conn = self.timed
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            self.read_time.connected(transport)
+            super().connection_made(transport)
 
         def handle_events(self) -> None:
             # Called from a read and, for a request pipelined behind another, from the
@@ -118,16 +148,26 @@ def h11_protocol(clock: Clock) -> type[H11Protocol]:
     return StampingH11Protocol
 
 
-def httptools_protocol(clock: Clock) -> type[HttpToolsProtocol]:
+def httptools_protocol(clock: Clock, backdate: bool = False) -> type[HttpToolsProtocol]:
     """uvicorn's httptools protocol, each request's scope stamped with its arrival on
-    ``clock`` (the module's rule)."""
+    ``clock`` (the module's rule): when its bytes reached the kernel where ``backdate``
+    (``clock`` counting real seconds) and the kernel tells, else when they were read."""
 
     class StampingHttpToolsProtocol(HttpToolsProtocol):
         received_at = 0.0
         """The time of the read being parsed."""
 
+        def __init__(self, config: Config, server_state: ServerState,
+                     app_state: dict[str, Any], _loop: Any = None) -> None:
+            super().__init__(config, server_state, app_state, _loop)
+            self.read_time = _ReadTime(clock, backdate)
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            self.read_time.connected(transport)
+            super().connection_made(transport)
+
         def data_received(self, data: bytes) -> None:
-            self.received_at = clock()
+            self.received_at = self.read_time()
             super().data_received(data)
 
         def on_message_begin(self) -> None:
