@@ -36,6 +36,11 @@ class WallClock:
     def __init__(self, fn: Callable[[], float] = time.monotonic) -> None:
         self._fn = fn
 
+    @property
+    def source(self) -> Callable[[], float]:
+        """What it reads: ``time.monotonic`` unless a test gave its own."""
+        return self._fn
+
     def now(self) -> float:
         return self._fn()
 

@@ -197,15 +197,18 @@ def uvicorn_config(app: Meter, *, host: str, port: int, log_level: str,
     from slopilot.engine.http_arrival import httptools_protocol
     from slopilot.engine.http_deadlines import DEFAULT_DEADLINES, with_deadlines
     from slopilot.engine.http_head_limit import bounded_head
+    from slopilot.engine.tcp_received import counts_real_time
 
     # httptools: the meter's CPU a chunk is the ceiling of what one pod can stream
     # through it (a quarter less than with h11); its requests stamped on arrival on the
-    # meter's clock. No date or server of uvicorn's: the engine's pass through, and
+    # meter's clock: when their bytes reached the kernel (tcp_received) where that clock
+    # counts real time. No date or server of uvicorn's: the engine's pass through, and
     # would be there twice (the meter dates its own answers). A client that stalls is let
     # go (http_deadlines): each connection holds a file descriptor of the pod's.
     cap = ConnectionCap(max_connections or DEFAULT_CEILING)
     app.count_connections(cap)
-    http = with_connection_cap(with_deadlines(bounded_head(httptools_protocol(app.clock)),
+    stamping = httptools_protocol(app.clock, backdate=counts_real_time(app.clock))
+    http = with_connection_cap(with_deadlines(bounded_head(stamping),
                                               deadlines or DEFAULT_DEADLINES, call_later), cap)
     return uvicorn.Config(CapGate(app, cap, app.count_cap_refusal), host=host, port=port,
                           log_level=log_level,

@@ -21,6 +21,7 @@ from slopilot.engine.connection_cap import (
     ConnectionCap,
     with_connection_cap,
 )
+from slopilot.engine.engine import WallClock
 from slopilot.engine.http_arrival import h11_protocol
 from slopilot.engine.http_deadlines import (
     DEFAULT_DEADLINES,
@@ -36,6 +37,7 @@ from slopilot.engine.server.cap_refusals import cap_refusal_counter
 from slopilot.engine.server.gc_pauses import GCPauses
 from slopilot.engine.server.request_limits import DEFAULT_MAX_BODY_BYTES
 from slopilot.engine.server.startup_heap import freeze_startup_heap
+from slopilot.engine.tcp_received import counts_real_time
 from slopilot.engine.watched_file import WatchedFile
 
 
@@ -121,9 +123,13 @@ def make_server(backend: Backend, *, host: str = "127.0.0.1", port: int = 0,
     cap = ConnectionCap(max_connections, frozenset(
         {bound_admin} if bound_admin is not None else set()))
     backend.metrics.registry.register(cap)
-    http = with_connection_cap(with_deadlines(h11_protocol(backend.engine.clock.now), deadlines,
-                                              call_later, backend.metrics.count_send_timeout),
-                               cap)
+    # Requests stamped when their bytes reached the kernel (tcp_received), on the engine's
+    # clock when it counts real time; a test's own clock keeps the read's stamp.
+    clock = backend.engine.clock
+    stamping = h11_protocol(clock.now, backdate=isinstance(clock, WallClock)
+                            and counts_real_time(clock.source))
+    http = with_connection_cap(with_deadlines(stamping, deadlines, call_later,
+                                              backend.metrics.count_send_timeout), cap)
     # A request for generation refused at the cap is counted in its class, as a 429.
     gate = CapGate(app, cap, cap_refusal_counter(backend.metrics, app.state.clients))
     config = uvicorn.Config(gate, host=host, port=port, log_level=log_level,

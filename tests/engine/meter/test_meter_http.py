@@ -84,14 +84,16 @@ class _Served:
 @contextlib.contextmanager
 def _serve(tmp_path: Path, deadlines: Deadlines | None = None,
            max_connections: int | None = None,
-           call_later: CallLater | None = None) -> Iterator[_Served]:
+           call_later: CallLater | None = None,
+           clock: Callable[[], float] | None = None) -> Iterator[_Served]:
+    """The meter served on a port of its own, on ``now`` unless given its ``clock``."""
     slo_file = tmp_path / "slo.json"
     slo_file.write_text(json.dumps(SLO))
     upstream, now = _Upstream(), [100.0]
     read: list[int] = []
     app = Meter("http://127.0.0.1:8001", SLOWatch(slo_file, Verdicts()), Priority.P0,
                 client=httpx.AsyncClient(transport=httpx.MockTransport(upstream.handle)),
-                clock=lambda: now[0])
+                clock=clock or (lambda: now[0]))
     config = uvicorn_config(app, host="127.0.0.1", port=0, log_level="warning",
                             deadlines=deadlines, max_connections=max_connections,
                             call_later=call_later)
