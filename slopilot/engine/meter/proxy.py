@@ -10,9 +10,10 @@
   it with at most ``SEND_AHEAD_BYTES`` unsent ahead of it (``send_ahead``), the closest
   the meter sees to its client having it, read in steps that let the loop relay the
   other streams between them (``_read``), and judged at its end against the objectives
-  of its class as they stood at its arrival. Its arrival is when its bytes came in, as
-  the server's protocol stamped it (``http_arrival``), not when the app was called: for
-  a request pipelined behind another on one connection, a whole answer later.
+  of its class as they stood at its arrival. Its arrival is when its bytes reached the
+  meter's kernel, as the server's protocol stamped it (``http_arrival``), not when the
+  app was called (for a request pipelined behind another on one connection, a whole
+  answer later) nor when the loop read them (a busy or stopped loop's wait counts).
 - A client that goes away has the upstream request closed at once, so vLLM aborts it
   and frees its cache rather than generating for nobody.
 - Each judged stream's first tokens and token gaps are observed as they are written

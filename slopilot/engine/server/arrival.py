@@ -1,7 +1,7 @@
 """Stamp each HTTP request's arrival before anything else happens to it.
 
-The server's HTTP protocol stamps the moment the request's first bytes came off the
-socket (``http_arrival.h11_protocol``: a pipelined request too, which reaches the app
+The server's HTTP protocol stamps the moment the request's first bytes reached the
+kernel (``http_arrival.h11_protocol``: a pipelined request too, which reaches the app
 only once the one before it is answered); this pure ASGI middleware stamps at the app's
 door where no earlier stamp exists (an app served some other way). Either way it
 is before the body is read, parsed or tokenized, on the engine's clock: TTFT and
