@@ -68,27 +68,39 @@ class _Socket(Protocol):
 def since_last_data(sock: _Socket) -> float | None:
     """Seconds since ``sock``'s last data segment reached the kernel, to the kernel's
     tick; None where the kernel does not tell (not Linux, not TCP, closed)."""
+    read = _reader(sock)
+    return None if read is None else read()
+
+
+def _reader(sock: _Socket) -> Callable[[], float | None] | None:
+    # Checked once a connection: a read pays one getsockopt and an unpack.
     if (_TCP_INFO is None or sock.family not in (socket.AF_INET, socket.AF_INET6)
             or sock.type != socket.SOCK_STREAM):
         return None
-    try:
-        info = sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, _LENGTH)
-    except OSError:  # the connection went away under the read
-        return None
-    if len(info) < _LENGTH:  # a kernel older than the field (before 2.6)
-        return None
-    ms: int = _LAST_DATA_RECV.unpack_from(info, _LAST_DATA_RECV_OFFSET)[0]
-    return ms / 1000
+    getsockopt, option, unpack = sock.getsockopt, _TCP_INFO, _LAST_DATA_RECV.unpack_from
+
+    def read() -> float | None:
+        try:
+            info = getsockopt(socket.IPPROTO_TCP, option, _LENGTH)
+        except OSError:  # the connection went away under the read
+            return None
+        if len(info) < _LENGTH:  # a kernel older than the field (before 2.6)
+            return None
+        ms: int = unpack(info, _LAST_DATA_RECV_OFFSET)[0]
+        return ms / 1000
+
+    return read
 
 
 def connection_lag(transport: asyncio.BaseTransport) -> Lag | None:
     """A reader of ``since_last_data`` for the transport's connection, or None where
     there is none to read (a test's transport, a Unix socket, not Linux)."""
     sock = transport.get_extra_info("socket")
-    if sock is None or since_last_data(sock) is None:
+    read = None if sock is None else _reader(sock)
+    if read is None or read() is None:
         return None
 
     def lag() -> float:
-        return since_last_data(sock) or 0.0
+        return read() or 0.0
 
     return lag
