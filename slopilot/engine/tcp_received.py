@@ -10,8 +10,10 @@ the newest of the bytes being read arrived (the earlier ones in the same read ar
 told apart; they came in at most that much earlier).
 
 Its unit is the kernel's tick (jiffies, 1-10 ms: 4 ms at ``CONFIG_HZ=250``), reported in
-ms, so a reading is within one tick of the truth either way; below a tick it reads 0 or
-one tick, which averages out to the truth. One ``getsockopt`` a read: a few microseconds.
+ms, so a reading is within one tick of the truth either way (rarely more on a virtual
+machine whose ticks come late: one in 300 read 13 ms over on a loaded 2-vCPU VM); below a
+tick it reads 0 or one tick, which averages out to the truth. One ``getsockopt`` a read:
+4 us on asyncio's socket, 10 us on uvloop's, measured at a load of 22 on 2 CPUs.
 
 What it cannot see: a connection whose handshake the kernel has not completed (a SYN
 dropped or held because the accept queue overflowed waits for the client's retransmit,
