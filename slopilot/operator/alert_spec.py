@@ -13,22 +13,44 @@ from typing import Any
 
 from slopilot.engine.alert_factors import AlertFactors
 from slopilot.engine.slo import SLOSpec
+from slopilot.operator.pod_layout import SCRAPE_INTERVAL_S
+from slopilot.tuner.prometheus.alert_table import rate_window_for
 from slopilot.tuner.prometheus.rules import LatencySources, RuleError, RuleOptions
 
 # spec.alerts field -> RuleOptions field. The holds are durations, the two counts integers.
+# ``scrapeInterval`` is no field of its own there: it sets ``rate_window_s``.
+SCRAPE_FIELD = "scrape_interval_s"
 ALERT_FIELDS = {"tbtScaleFactor": "tbt_factor", "tbtPeriods": "tbt_periods",
                 "ttftWarningFactor": "ttft_warning_factor",
                 "ttftRetuneFactor": "ttft_retune_factor", "holdFor": "alert_for_s",
                 "sustainedBreachWindow": "breach_window_s",
-                "utilizationMin": "busy_ratio_min", "waitingMin": "waiting_min"}
+                "utilizationMin": "busy_ratio_min", "waitingMin": "waiting_min",
+                "scrapeInterval": SCRAPE_FIELD}
 INTEGER_FIELDS = frozenset({"tbtPeriods", "waitingMin"})
-DURATION_FIELDS = frozenset({"holdFor", "sustainedBreachWindow"})
+DURATION_FIELDS = frozenset({"holdFor", "sustainedBreachWindow", "scrapeInterval"})
+DEFAULT_SCRAPE_INTERVAL_S = SCRAPE_INTERVAL_S
+"""What ``spec.alerts.scrapeInterval`` defaults to: the ServiceMonitor's."""
+MAX_SCRAPE_INTERVAL_S = 120
+"""The longest ``scrapeInterval``: 8 minute rates. Past a few minutes Prometheus's 5 m
+lookback loses the gauges between scrapes, which no window can mend."""
 
 
 def alert_options(values: Mapping[str, Any]) -> tuple[RuleOptions, list[str]]:
     """RuleOptions from ``{camelCase field: value}``; the defaults and problems where bad."""
     given = {ALERT_FIELDS[k]: v for k, v in values.items()}
     defaults = RuleOptions()
+    scrape_s = given.pop(SCRAPE_FIELD, None)
+    if scrape_s is not None:
+        if isinstance(scrape_s, bool) or not isinstance(scrape_s, int) \
+                or not 1 <= scrape_s <= MAX_SCRAPE_INTERVAL_S:
+            return defaults, [f"spec.alerts.scrapeInterval={scrape_s!r}: expected whole "
+                              f"seconds in [1, {MAX_SCRAPE_INTERVAL_S}] (the interval "
+                              "Prometheus scrapes the pods at, e.g. 30s)"]
+        # Rates over four scrapes (``MIN_RATE_SCRAPES``); the sustained rows' window, left
+        # at its default, at least as long.
+        given["rate_window_s"] = rate_window_for(scrape_s, defaults.rate_window_s)
+        given.setdefault("breach_window_s",
+                         max(defaults.breach_window_s, given["rate_window_s"]))
     warn = given.get("ttft_warning_factor", defaults.ttft_warning_factor)
     retune = given.get("ttft_retune_factor", defaults.ttft_retune_factor)
     if warn > retune:
@@ -42,6 +64,8 @@ def alert_options(values: Mapping[str, Any]) -> tuple[RuleOptions, list[str]]:
         message = str(exc)
         for camel, name in ALERT_FIELDS.items():
             message = re.sub(rf"\b{name}=", f"spec.alerts.{camel}=", message)
+        message = re.sub(r"\brate_window_s=(\d+)", r"\1 s (the rules' rate window: 1m, "
+                         "or four spec.alerts.scrapeInterval where longer)", message)
         return defaults, [message]
 
 

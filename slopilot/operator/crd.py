@@ -20,7 +20,11 @@ from typing import Any
 import yaml
 
 from slopilot.operator import twin_spec
-from slopilot.operator.alert_spec import ALERT_FIELDS
+from slopilot.operator.alert_spec import (
+    ALERT_FIELDS,
+    DEFAULT_SCRAPE_INTERVAL_S,
+    MAX_SCRAPE_INTERVAL_S,
+)
 from slopilot.operator.clients_spec import VLLM_REFUSAL, VLLM_RULE, clients_schema
 from slopilot.operator.connections_spec import FIELDS as CONNECTION_FIELDS
 from slopilot.operator.connections_spec import (
@@ -186,6 +190,13 @@ def _alerts_schema() -> dict[str, Any]:
             "that act at once is not left alone, even when single 60 s windows flap under "
             "the SLO now and then.",
             d.rate_window_s, MAX_DURATION_S, whole=True, default=duration(d.breach_window_s)),
+        "scrapeInterval": _duration(
+            "How often Prometheus scrapes these pods: the ServiceMonitor's 15s, or your own "
+            "scrape job's where it scrapes them instead (a 30s job is common). Every rate "
+            "the rules read spans four of these (max(1m, 4 x it): 2m at 30s), so a failed "
+            "scrape or two does not clear the alerts, and the ScrapeInterval condition "
+            "says where Prometheus really scrapes less often than this.",
+            1, MAX_SCRAPE_INTERVAL_S, whole=True, default=duration(DEFAULT_SCRAPE_INTERVAL_S)),
         "utilizationMin": _number("SlopilotBatchingUnderused: GPU utilization (DCGM's "
                                   "exporter where it reports the pods, else the built-in "
                                   "engine's busy ratio) under this ratio (seeds: 0.6) ...",

@@ -332,7 +332,8 @@ def prometheus_controller(ctx: DaemonContext) -> Controller:
         # From the sources the deployment's recording rules read (reconcile.py): the same
         # P99s and goodput in the trials' objective and status as in Prometheus.
         PrometheusWindows(query, selector, spec.slo, canary_labels=canary_labels,
-                          latency=latency),
+                          latency=latency,
+                          max_scrape_interval_s=spec.alerts.max_scrape_interval_s),
         ResumableTuner(study, space),
         # The same TTFT source: the thin-traffic hold counts what the trials' floor does.
         PrometheusProbe(query, selector, base, window_s=probe_window_s(ctx.settings.window_s),

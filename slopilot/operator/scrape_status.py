@@ -1,10 +1,12 @@
 """The ``ScrapeInterval`` condition: whether Prometheus scrapes the deployment's pods
 often enough for the recording rules to read them, once a window.
 
-At more than ``MAX_SCRAPE_INTERVAL_S`` (a Prometheus that ignores the ServiceMonitor and
-scrapes at its 1 m default) the rules' rates read no data and the loop silently never
-acts; the condition (False, ``TooLong``) names the interval measured, what breaks and
-the fix, and ``kubectl describe`` shows an event when it turns so. Read through the
+At more than the rules read (``RuleOptions.max_scrape_interval_s``: four scrapes in each
+rate, 15 s by default, ``spec.alerts.scrapeInterval`` where it is longer; a Prometheus
+that ignores the ServiceMonitor and scrapes at its 1 m default) one failed scrape clears
+the alerts, or the rules' rates read no data and the loop silently never acts; the
+condition (False, ``TooLong``) names the interval measured, what breaks and the fix, and
+``kubectl describe`` shows an event when it turns so. Read through the
 controller's own window evaluator (``PrometheusWindows.scrape_interval``: the same
 query, on Prometheus's clock, and selector as every window); a controller built with
 another evaluator (a factory's) has none, and nothing is said.
@@ -21,7 +23,6 @@ import kopf
 from slopilot.operator.conditions import ConditionType, condition
 from slopilot.tuner.loop.ports import WindowEvaluator
 from slopilot.tuner.prometheus.adapters import PrometheusWindows
-from slopilot.tuner.prometheus.scrape_interval import MAX_SCRAPE_INTERVAL_S
 from slopilot.tuner.study.evaluator import PrometheusUnavailable
 
 log = logging.getLogger(__name__)
@@ -57,7 +58,7 @@ class ScrapeCheck:
         if found.too_long:
             return condition(ConditionType.SCRAPE_INTERVAL, False, TOO_LONG, found.problem())
         return condition(ConditionType.SCRAPE_INTERVAL, True, WITHIN,
-                         f"{found.describe()}: within the {MAX_SCRAPE_INTERVAL_S:.0f} s "
+                         f"{found.describe()}: within the {found.most_s:.0f} s "
                          "the recording rules read")
 
 

@@ -104,7 +104,7 @@ def test_the_defaults_are_the_seeds_and_say_where_they_differ() -> None:
     assert {k: fields[k]["default"] for k in fields} == {
         "tbtScaleFactor": 2, "tbtPeriods": 3, "ttftWarningFactor": 1, "ttftRetuneFactor": 2,
         "holdFor": "2m", "utilizationMin": 0.6, "waitingMin": 100,
-        "sustainedBreachWindow": "5m"}
+        "sustainedBreachWindow": "5m", "scrapeInterval": "15s"}
     assert "on purpose" in fields["holdFor"]["description"]
 
 
@@ -128,7 +128,8 @@ def test_the_schema_refuses_bad_thresholds_by_name(alerts: dict[str, Any], needl
      "spec.alerts.ttftWarningFactor=3 exceeds spec.alerts.ttftRetuneFactor=2"),
     ({"alerts": {"holdFor": "1.5s"}}, "spec.alerts.holdFor='1.5s': use whole seconds"),
     ({"alerts": {"sustainedBreachWindow": "30s"}},
-     "spec.alerts.sustainedBreachWindow=30: expected whole seconds >= rate_window_s=60"),
+     "spec.alerts.sustainedBreachWindow=30: expected whole seconds >= 60 s (the rules' "
+     "rate window"),
     ({"slo": {"prefixHitMin": 0.9}, "engine": {"enablePrefixCaching": False}},
      "spec.slo.prefixHitMin=0.9 expects prefix hits, but spec.engine.enablePrefixCaching"),
     ({"slo": {"prefixHitMin": 0}}, "spec.slo.prefixHitMin=0: expected a ratio in (0, 1]"),

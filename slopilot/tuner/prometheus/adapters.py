@@ -41,7 +41,11 @@ from slopilot.tuner.prometheus.rules import (
     render_rule_groups,
     render_selector,
 )
-from slopilot.tuner.prometheus.scrape_interval import ScrapeInterval, scrape_interval
+from slopilot.tuner.prometheus.scrape_interval import (
+    MAX_SCRAPE_INTERVAL_S,
+    ScrapeInterval,
+    scrape_interval,
+)
 from slopilot.tuner.study.evaluator import (
     PrometheusUnavailable,
     QueueReading,
@@ -100,13 +104,16 @@ class PrometheusWindows:
     with (``render_rule_groups``): on vLLM the meter's client-side P99s, and vLLM's edges
     for its goodput (without them an SLO between two of vLLM's edges selects a bucket it
     never exports, and the goodput reads nothing).
+    ``max_scrape_interval_s``: the longest scrape interval the deployment's rules read
+    (``RuleOptions.max_scrape_interval_s``), past which ``scrape_interval`` says so.
     """
 
     def __init__(self, query: QueryAt | str, selector: Mapping[str, str], slo: SLOSpec, *,
                  canary_labels: Mapping[str, str] | Callable[[], Mapping[str, str]] = CANARY,
                  min_requests: int = MIN_WINDOW_REQUESTS,
                  load_tolerance: float = 0.5, min_rate_for_check: float = 0.2,
-                 latency: LatencySources = BUILTIN_LATENCY) -> None:
+                 latency: LatencySources = BUILTIN_LATENCY,
+                 max_scrape_interval_s: float = MAX_SCRAPE_INTERVAL_S) -> None:
         if not selector:
             raise ValueError("selector is empty: it would mix every engine in Prometheus; "
                              "pass the deployment's labels, e.g. {'slopilot_deployment': 'x'}")
@@ -127,6 +134,7 @@ class PrometheusWindows:
         self.load_tolerance = load_tolerance
         self.min_rate_for_check = min_rate_for_check
         self.latency = latency
+        self.max_scrape_interval_s = max_scrape_interval_s
 
     def _selector(self, canary: bool) -> dict[str, str]:
         if not canary:
@@ -265,7 +273,7 @@ class PrometheusWindows:
     def scrape_interval(self, at: float | None) -> ScrapeInterval | None:
         """The slowest scrape interval of the deployment's targets before ``at`` (None:
         Prometheus's now), as ``scrape_interval.scrape_interval`` reads it."""
-        return scrape_interval(self.query, self.selector, at)
+        return scrape_interval(self.query, self.selector, at, self.max_scrape_interval_s)
 
     def _slow_scrapes(self, end: float) -> str:
         """What a window thin or partly scraped owes to a scrape interval the rules

@@ -178,6 +178,12 @@ STALL_LOOKBACK_S = 300
 """The window a replica's tokens are judged over where the rate window holds fewer than
 two of its samples (``rules._Renderer.stalled_replicas``): two at any scrape interval up
 to 2.5 minutes, Prometheus's default 60 s among them."""
+MIN_RATE_SCRAPES = 4
+"""The scrape intervals a rate's range spans at least (Prometheus's own guidance): one
+failed scrape, or one scrape late, still leaves it three samples. A review's promtool runs
+at 30 s scrapes, two samples in the 60 s rates: one failed scrape cleared the 60 s
+alerts (a P0 TTFT alert gap of 3.5 minutes), and with one failed every 180 s
+``SlopilotTTFTP99High`` and ``SlopilotPreemptionStorm`` never fired in 15 minutes."""
 MAX_WAITING = 1_000_000_000
 """The largest ``waiting_min``: above any queue, and a number PromQL reads exactly."""
 
@@ -192,7 +198,8 @@ class RuleOptions:
     interval_s: int = 30
     """Group evaluation interval: also the unit of ``tbt_periods``."""
     rate_window_s: int = 60
-    """Window of every rate() (at least two scrapes)."""
+    """Window of every rate(): at least ``MIN_RATE_SCRAPES`` scrape intervals
+    (``rate_window_for``; ``spec.alerts.scrapeInterval`` sets it)."""
     alert_for_s: int = 120
     """``for:`` of every alert but TBT. The seeds give these alerts no hold; we hold 2
     minutes (they fire at the 5th evaluation at 30 s) on purpose: a P99 over a 60 s
@@ -262,6 +269,12 @@ class RuleOptions:
             raise RuleError(f"busy_ratio_min={self.busy_ratio_min!r}: expected a ratio in (0, 1]")
 
     @property
+    def max_scrape_interval_s(self) -> float:
+        """The longest scrape interval the rates read as they should: ``MIN_RATE_SCRAPES``
+        in the rate window (15 s at the default 60 s)."""
+        return self.rate_window_s / MIN_RATE_SCRAPES
+
+    @property
     def sustained_for_s(self) -> int:
         """``for:`` of the sustained-breach rows: the breach window, or the others' hold if
         that is longer."""
@@ -277,6 +290,14 @@ class RuleOptions:
     def tbt_for_s(self) -> int:
         """``for:`` of the TBT alert: N evaluations holding span N - 1 intervals."""
         return (self.tbt_periods - 1) * self.interval_s
+
+
+def rate_window_for(scrape_interval_s: int, least_s: int = RuleOptions().rate_window_s
+                    ) -> int:
+    """The rate window of a deployment scraped every ``scrape_interval_s``: ``least_s``
+    (the seeds' 60 s), or ``MIN_RATE_SCRAPES`` intervals where that is longer (2m at
+    30 s scrapes). At the ServiceMonitor's 15 s it is the 60 s of before."""
+    return max(least_s, MIN_RATE_SCRAPES * scrape_interval_s)
 
 
 PREEMPTION_KNOBS = ("kv_watermark", "p0_preempt_utilization", "max_preemptions_per_step",
