@@ -46,6 +46,7 @@ from slopilot.tuner.prometheus.scrape_interval import (
     ScrapeInterval,
     scrape_interval,
 )
+from slopilot.tuner.prometheus.window_edges import WindowEdges
 from slopilot.tuner.study.evaluator import (
     PrometheusUnavailable,
     QueueReading,
@@ -275,13 +276,17 @@ class PrometheusWindows:
         Prometheus's now), as ``scrape_interval.scrape_interval`` reads it."""
         return scrape_interval(self.query, self.selector, at, self.max_scrape_interval_s)
 
+    def _measured(self, end: float) -> ScrapeInterval | None:
+        """``scrape_interval`` at ``end``; None where Prometheus does not answer it."""
+        try:
+            return self.scrape_interval(end)
+        except PrometheusUnavailable:
+            return None
+
     def _slow_scrapes(self, end: float) -> str:
         """What a window thin or partly scraped owes to a scrape interval the rules
         cannot read (``; ...``), or nothing."""
-        try:
-            found = self.scrape_interval(end)
-        except PrometheusUnavailable:
-            return ""
+        found = self._measured(end)
         return f"; {found.problem()}" if found is not None and found.too_long else ""
 
     def measure(self, start: float, end: float, *, canary: bool) -> WindowSummary:
@@ -311,16 +316,35 @@ class PrometheusWindows:
                 f"{which} {', '.join(again)} restarted in the {w} s window: its counters "
                 "began again from 0, and what it served before (or after) the restart is "
                 "in no figure once they passed their old values", replicas=again)
-        if thin := sorted((r["metric"].get(REPLICA_LABEL, "?"), float(r["value"][1]))
-                          for r in self.query(q["thinly_scraped"][None], end)):
+        edges = WindowEdges(self.query, render_selector(self._selector(canary)), w, end,
+                            self.max_scrape_interval_s, lambda: self._measured(end))
+        thin = sorted((r["metric"].get(REPLICA_LABEL, "?"), float(r["value"][1]))
+                      for r in self.query(q["thinly_scraped"][None], end))
+        # A pod that joined or left inside a long window, one sample there: left out of the
+        # deployment's where what it served there is a small share (window_edges.py).
+        if thin and (canary or not edges.thin_left_out([i for i, _ in thin])):
             which = "the canary replica" if canary else "replica(s)"
             shown = ", ".join(f"{i} left {n:.0f} sample{'s' if n != 1 else ''}"
                               for i, n in thin)
             raise WindowRejected(
                 f"{which} {shown} in the {w} s window (at least {MIN_REPLICA_SAMPLES} "
-                "needed: a rate of one is nothing, so its requests are in no figure); a "
-                "window must span at least two of Prometheus's scrape intervals, four to "
-                f"be safe{self._slow_scrapes(end)}")
+                "needed: a rate of one is nothing, so its requests are in no figure); "
+                f"{edges.thin_reason([i for i, _ in thin], canary)}"
+                f"{self._slow_scrapes(end)}")
+        # Gone before the end: the canary's rates over the whole window read low; a
+        # replica still a target (its scrapes failing) served on in no figure. One scaled
+        # away counts in the deployment's for the time it served.
+        if stopped := [(i, targeted) for i, targeted in edges.stopped()
+                       if canary or targeted]:
+            which = "the canary replica" if canary else "replica(s)"
+            why = ("(its target gone, or its scrapes failing): its rates over the whole "
+                   "window would spread what it served over all of it, and read low"
+                   if canary else "while still a target (its scrapes fail since): what it "
+                   "served since is in no figure")
+            raise WindowRejected(
+                f"{which} {', '.join(i for i, _ in stopped)} left no engine sample in the "
+                f"last {edges.tail_s()} s of the {w} s window {why}"
+                f"{self._slow_scrapes(end)}")
         requests = self._by_class(q["requests"][None], end)
         finished = sum(v for v in requests.values() if math.isfinite(v))
         if finished < self.min_requests:
