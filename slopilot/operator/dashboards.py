@@ -101,6 +101,14 @@ label is the operator's namespace, never a tenant's."""
 RATE = "$__rate_interval"
 WHOSE = f"{{{{{NAMESPACE_LABEL}}}}}/{{{{{DEPLOYMENT_LABEL}}}}}"
 """A legend's deployment: several may be chosen at once."""
+IDENT = f"{NAMESPACE_LABEL}, {DEPLOYMENT_LABEL}"
+"""What every aggregation keeps: with several namespaces chosen, ``chat`` in team-a and
+in team-b are two lines, not one sum (a review's finding on the panels that summed)."""
+
+
+def _by(*labels: str) -> str:
+    """``by (labels..., namespace and deployment)``."""
+    return f"by ({', '.join((*labels, IDENT))})"
 
 # Series the dashboard or the rules read that the engine does not export: the tuner and
 # operator export the slopilot_* ones (name, labels), kube-state-metrics and Prometheus
@@ -207,8 +215,8 @@ def _latency_panels(latency: LatencySources) -> list[timeseries.Panel]:
                 # vLLM's own beside it: the gap is what its frontend adds (parsing,
                 # detokenizing, the write), which vLLM's histograms leave out.
                 queries.append(_query(latency_quantile(
-                    0.99, LatencySource(source.engine), sel, RATE, by="le"),
-                    "P99 as vLLM measures it"))
+                    0.99, LatencySource(source.engine), sel, RATE, by=f"le, {IDENT}"),
+                    f"P99 as vLLM measures it {who}"))
                 description = (
                     "P99 and P50 as the loop reads them: the meter's, as the clients saw "
                     "each stream (from the request's arrival at the meter to each write), "
@@ -247,10 +255,10 @@ def _latency_panels(latency: LatencySources) -> list[timeseries.Panel]:
 
 
 def _throughput_panels(vllm: bool) -> list[Any]:
-    requests = [_query(f"sum(vllm:num_requests_running{{{SEL}}})", "running"),
-                _query(f"sum(vllm:num_requests_waiting{{{SEL}}})", "waiting")]
-    finished = [_query(f"sum by (finished_reason) (rate(vllm:request_success_total{{{SEL}}}"
-                       f"[{RATE}]))", "{{finished_reason}}")]
+    requests = [_query(f"sum {_by()} (vllm:num_requests_running{{{SEL}}})", f"running {WHOSE}"),
+                _query(f"sum {_by()} (vllm:num_requests_waiting{{{SEL}}})", f"waiting {WHOSE}")]
+    finished = [_query(f"sum {_by('finished_reason')} (rate(vllm:request_success_total"
+                       f"{{{SEL}}}[{RATE}]))", f"{{{{finished_reason}}}} {WHOSE}")]
     finished_about = (
         "By vLLM's finished_reason (stop, length, abort, ...). Streams cut before a first "
         "token: the meter's count of streams whose client went away before one reached "
@@ -258,26 +266,28 @@ def _throughput_panels(vllm: bool) -> list[Any]:
         "whose client had waited past its TTFT target as a first token never given.")
     if vllm:
         finished.append(_query(
-            f"sum by (priority_class) (rate({CLIENT_ABANDONED}{{{SEL}}}[{RATE}]))",
-            "streams cut before a first token {{priority_class}}"))
+            f"sum {_by('priority_class')} (rate({CLIENT_ABANDONED}{{{SEL}}}[{RATE}]))",
+            f"streams cut before a first token {{{{priority_class}}}} {WHOSE}"))
         finished.append(_query(
-            f"sum by (priority_class) (rate({METER_REFUSED}{{{SEL}}}[{RATE}]))",
-            "refused at the meter's cap {{priority_class}}"))
+            f"sum {_by('priority_class')} (rate({METER_REFUSED}{{{SEL}}}[{RATE}]))",
+            f"refused at the meter's cap {{{{priority_class}}}} {WHOSE}"))
         finished_about += (
             " Refused at the meter's cap: requests for generation the meter answered 503 "
             "at its connection cap, in its class; the TTFT panels count each as a first "
             "token never given.")
     else:  # the built-in engine's own series: vLLM has none of them
-        requests.append(_query(f"sum(slopilot_num_requests_swapped{{{SEL}}})", "swapped"))
+        requests.append(_query(f"sum {_by()} (slopilot_num_requests_swapped{{{SEL}}})",
+                               f"swapped {WHOSE}"))
         finished += [
-            _query(f"sum by (priority_class) (rate({REFUSED}{{{SEL}}}[{RATE}]))",
-                   "turned away (429, or 503 at the cap) {{priority_class}}"),
-            _query(f"sum by (priority_class) (rate({ABANDONED}{{{SEL}}}[{RATE}]))",
-                   "left before a first token {{priority_class}}"),
-            _query(f"sum by (priority_class) (rate({RETRIES}{{{SEL},outcome=\"refused\"}}"
-                   f"[{RATE}]))", "retries turned away {{priority_class}}"),
-            _query(f"sum(rate({SEND_TIMEOUTS}{{{SEL}}}[{RATE}]))",
-                   "cut at the send deadline")]
+            _query(f"sum {_by('priority_class')} (rate({REFUSED}{{{SEL}}}[{RATE}]))",
+                   f"turned away (429, or 503 at the cap) {{{{priority_class}}}} {WHOSE}"),
+            _query(f"sum {_by('priority_class')} (rate({ABANDONED}{{{SEL}}}[{RATE}]))",
+                   f"left before a first token {{{{priority_class}}}} {WHOSE}"),
+            _query(f"sum {_by('priority_class')} (rate({RETRIES}"
+                   f"{{{SEL},outcome=\"refused\"}}[{RATE}]))",
+                   f"retries turned away {{{{priority_class}}}} {WHOSE}"),
+            _query(f"sum {_by()} (rate({SEND_TIMEOUTS}{{{SEL}}}[{RATE}]))",
+                   f"cut at the send deadline {WHOSE}")]
         finished_about = (
             "Turned away: requests the engine refused for load (its waiting queue full), "
             "and requests for generation refused at the connection cap, by the class "
@@ -291,8 +301,8 @@ def _throughput_panels(vllm: bool) -> list[Any]:
             "Cut at the send deadline: streams whose client took no byte for "
             "--send-timeout, aborted in the engine (also in the abort reason).")
     # Both servers cap their connections (the meter in front of vLLM): 503s, never load.
-    finished.append(_query(f"sum(rate({CONNECTIONS_REFUSED}{{{SEL}}}[{RATE}]))",
-                           "refused at the connection cap (503)"))
+    finished.append(_query(f"sum {_by()} (rate({CONNECTIONS_REFUSED}{{{SEL}}}[{RATE}]))",
+                           f"refused at the connection cap (503) {WHOSE}"))
     finished_about += (" Refused at the connection cap: requests answered 503 because "
                        "--max-connections connections held every slot (slow readers, "
                        "idle keep-alive clients, or more clients than the pod holds), of "
@@ -300,19 +310,22 @@ def _throughput_panels(vllm: bool) -> list[Any]:
                        "class's refusals too.")
     return [
         _series("Tokens per second and goodput", [
-            _query(f"sum(rate(vllm:generation_tokens_total{{{SEL}}}[{RATE}]))", "generated"),
-            _query(f"sum(rate(vllm:prompt_tokens_total{{{SEL}}}[{RATE}]))", "prompt"),
-            _query(f"sum by (priority_class) "
+            _query(f"sum {_by()} (rate(vllm:generation_tokens_total{{{SEL}}}[{RATE}]))",
+                   f"generated {WHOSE}"),
+            _query(f"sum {_by()} (rate(vllm:prompt_tokens_total{{{SEL}}}[{RATE}]))",
+                   f"prompt {WHOSE}"),
+            _query(f"sum {_by('priority_class')} "
                    f"(slopilot:goodput_tokens:per_second{{{SEL}}})",
-                   "goodput {{priority_class}}")],
+                   f"goodput {{{{priority_class}}}} {WHOSE}")],
             unit="short", description="Goodput: output tokens of requests inside their "
             "class's SLO (recording rule slopilot:goodput_tokens:per_second)."),
         _series("Requests within their SLO", [
-            _query(f"(sum by (priority_class) (rate({SLO_REQUESTS}{{{SEL},met=\"true\"}}"
-                   f"[{RATE}])) / sum by (priority_class) (rate({SLO_REQUESTS}{{{SEL}}}"
-                   f"[{RATE}]))) and on (priority_class) count by (priority_class) "
+            _query(f"(sum {_by('priority_class')} (rate({SLO_REQUESTS}"
+                   f"{{{SEL},met=\"true\"}}[{RATE}])) / sum {_by('priority_class')} "
+                   f"(rate({SLO_REQUESTS}{{{SEL}}}[{RATE}]))) and on (priority_class, "
+                   f"{IDENT}) count {_by('priority_class')} "
                    f"({TTFT_P99_SLO}{{{SEL}}} or {TBT_P99_SLO}{{{SEL}}})",
-                   "{{priority_class}}")],
+                   f"{{{{priority_class}}}} {WHOSE}")],
             unit="percentunit", description="The share of the requests the engine judged "
             "that were within their class's SLO: TTFT within target and at most 1 % of "
             "their token gaps over the TBT target. Judged: those that finished, those "
@@ -334,8 +347,8 @@ def _scheduler_panels(vllm: bool) -> list[Any]:
              .with_target(_query(f"sum by (le) (increase(vllm:iteration_tokens_total_bucket"
                                  f"{{{SEL}}}[{RATE}]))", "{{le}}")
                           .format(PromQueryFormat.HEATMAP)))
-    every = _query(f"sum(rate(vllm:num_preemptions_total{{{SEL}}}[{RATE}])) * 60",
-                   "preemptions" if vllm else "all")
+    every = _query(f"sum {_by()} (rate(vllm:num_preemptions_total{{{SEL}}}[{RATE}])) * 60",
+                   f"{'preemptions' if vllm else 'all'} {WHOSE}")
     limit = _line(PREEMPTIONS_SLO, "limit")
     limit_about = ("Dashed: the deployment's limit (its SLO's maxPreemptionsPerMinute); "
                    "no line, no limit.")
@@ -362,17 +375,17 @@ def _scheduler_panels(vllm: bool) -> list[Any]:
         ]
     return [
         _series("Preemptions per minute by mode", [
-            _query(f"sum by (mode) (rate(slopilot_preemptions_total{{{SEL}}}[{RATE}])) * 60",
-                   "{{mode}}"), every],
+            _query(f"sum {_by('mode')} (rate(slopilot_preemptions_total{{{SEL}}}[{RATE}]))"
+                   " * 60", f"{{{{mode}}}} {WHOSE}"), every],
             unit="short", line=limit, description=limit_about),
         batch,
         _series("Longest decode stall (last minute)", [
-            _query(f"max by (priority_class) (slopilot_decode_stall_max_seconds{{{SEL}}})",
-                   "{{priority_class}}")], unit="s"),
+            _query(f"max {_by('priority_class')} (slopilot_decode_stall_max_seconds{{{SEL}}})",
+                   f"{{{{priority_class}}}} {WHOSE}")], unit="s"),
         _series("Garbage-collector pause p99 (every thread waits it out)", [
-            _query(f"histogram_quantile(0.99, sum by (le, generation) (rate("
+            _query(f"histogram_quantile(0.99, sum {_by('le', 'generation')} (rate("
                    f"slopilot_gc_pause_seconds_bucket{{{SEL}}}[{RATE}])))",
-                   "generation {{generation}}")], unit="s"),
+                   f"generation {{{{generation}}}} {WHOSE}")], unit="s"),
         _kv_cache_panel(),
         _prefix_panel(),
         _series("Busy ratio and GPU utilization (the batching alert's input)", [
@@ -392,8 +405,9 @@ def _kv_cache_panel() -> timeseries.Panel:
 
 def _prefix_panel() -> timeseries.Panel:
     return _series("Prefix cache hit rate", [
-        _query(f"sum(rate(vllm:prefix_cache_hits_total{{{SEL}}}[{RATE}])) / "
-               f"sum(rate(vllm:prefix_cache_queries_total{{{SEL}}}[{RATE}]))", "hit rate")],
+        _query(f"sum {_by()} (rate(vllm:prefix_cache_hits_total{{{SEL}}}[{RATE}])) / "
+               f"sum {_by()} (rate(vllm:prefix_cache_queries_total{{{SEL}}}[{RATE}]))",
+               f"hit rate {WHOSE}")],
         unit="percentunit", line=_line(PREFIX_HIT_SLO, "expected minimum"),
         description="Dashed: the least hit ratio the deployment expects (its SLO's "
         "prefixHitMin); no line, none expected.")
@@ -405,50 +419,51 @@ def _tuning_panels(vllm: bool) -> list[Any]:
         knobs = "|".join(KNOBS_GRAPHED)
         panels += [
             _series("Knobs over time", [
-                _query(f'max by (knob) (slopilot_config_knob{{{SEL},knob=~"{knobs}"}})',
-                       "{{knob}}")], unit="short", width=12),
+                _query(f'max {_by("knob")} (slopilot_config_knob{{{SEL},knob=~"{knobs}"}})',
+                       f"{{{{knob}}}} {WHOSE}")], unit="short", width=12),
             statetimeline.Panel().title("Live configuration").datasource(DATASOURCE)
             .span(12).height(8)
             .with_target(_query(
-                f"count by (token_budget, chunk_size, max_num_seqs, preemption_mode) "
+                f"count {_by('token_budget', 'chunk_size', 'max_num_seqs', 'preemption_mode')} "
                 f"(slopilot_config_info{{{SEL}}})",
-                "budget {{token_budget}} chunk {{chunk_size}} seqs {{max_num_seqs}} "
-                "{{preemption_mode}}"))]
+                f"{WHOSE} budget {{{{token_budget}}}} chunk {{{{chunk_size}}}} seqs "
+                "{{max_num_seqs}} {{preemption_mode}}"))]
     return [
         *panels,
         _series("Replicas", [
-            _query(f"max(slopilot_replicas{{{OP_SEL}}})", "desired"),
-            _query('sum(kube_deployment_status_replicas{namespace=~"$namespace",'
-                   'deployment=~"$deployment"})',
-                   "kube"),
+            _query(f"max {_by()} (slopilot_replicas{{{OP_SEL}}})", f"desired {WHOSE}"),
+            _query('sum by (namespace, deployment) (kube_deployment_status_replicas{'
+                   'namespace=~"$namespace",deployment=~"$deployment"})',
+                   "kube {{namespace}}/{{deployment}}"),
             # Pods, by the gauge both backends export from the start: vLLM has no
             # slopilot_engine_info, and one series per data-parallel engine.
-            _query(f"count(count by ({REPLICA_LABEL}) (vllm:num_requests_running{{{SEL}}}))",
-                   "scraped engines")],
+            _query(f"count {_by()} (count {_by(REPLICA_LABEL)} "
+                   f"(vllm:num_requests_running{{{SEL}}}))", f"scraped engines {WHOSE}")],
             unit="short", width=12),
         _series("Tuner trials and actions", [
-            _query(f"sum by (state) (increase(slopilot_tuner_trials_total{{{OP_SEL}}}[{RATE}]))",
-                   "trials {{state}}"),
-            _query(f"sum by (action) (increase(slopilot_tuner_actions_total{{{OP_SEL}}}[{RATE}]))",
-                   "action {{action}}")], unit="short", width=12),
+            _query(f"sum {_by('state')} (increase(slopilot_tuner_trials_total{{{OP_SEL}}}"
+                   f"[{RATE}]))", f"trials {{{{state}}}} {WHOSE}"),
+            _query(f"sum {_by('action')} (increase(slopilot_tuner_actions_total{{{OP_SEL}}}"
+                   f"[{RATE}]))", f"action {{{{action}}}} {WHOSE}")], unit="short", width=12),
     ]
 
 
 def _twin_panels() -> list[Any]:
     return [
         _series("Twin error and trust", [
-            _query(f'max by (quantity) (slopilot_twin_error{{{OP_SEL},quantity=~"step_time.*"}})',
-                   "{{quantity}}"),
-            _query(f'max by (quantity) (slopilot_twin_error{{{OP_SEL},priority_class="p0"}})',
-                   "P0 {{quantity}}"),
-            _query(f"min(slopilot_twin_trusted{{{OP_SEL}}})", "trusted (100% = yes)")],
+            _query(f'max {_by("quantity")} (slopilot_twin_error'
+                   f'{{{OP_SEL},quantity=~"step_time.*"}})', f"{{{{quantity}}}} {WHOSE}"),
+            _query(f'max {_by("quantity")} (slopilot_twin_error'
+                   f'{{{OP_SEL},priority_class="p0"}})', f"P0 {{{{quantity}}}} {WHOSE}"),
+            _query(f"min {_by()} (slopilot_twin_trusted{{{OP_SEL}}})",
+                   f"trusted (100% = yes) {WHOSE}")],
             unit="percentunit", width=12, description="The controller's last check of its "
             "twin against a measured window: (predicted - measured) / measured step time, "
             "as calibrated and after the live correction, and the P0 p99s; trusted is 1 "
             "while warm starts and capacity plans come from the twin (docs/twin.md)."),
         _series("What the twin's correction learned", [
-            _query(f"max by (feature) (slopilot_twin_correction_factor{{{OP_SEL}}})",
-                   "{{feature}}")],
+            _query(f"max {_by('feature')} (slopilot_twin_correction_factor{{{OP_SEL}}})",
+                   f"{{{{feature}}}} {WHOSE}")],
             unit="short", width=12, description="Per cost-model feature, the factor the "
             "live correction put on the calibrated profile's coefficient (1: as "
             "calibrated; no line: the twin runs uncorrected). A correction learned on a "

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from slopilot.operator.dashboards import OPERATOR_NAMESPACE, build_dashboard
+from slopilot.operator.dashboards import OPERATOR_NAMESPACE, WHOSE, build_dashboard
 from slopilot.tuner.prometheus.rules import BUILTIN_LATENCY, VLLM_LATENCY, LatencySources
 from tests.support.fixtures import prometheus_binaries  # noqa: F401
 from tests.support.prometheus import PrometheusBinaries, promtool
@@ -36,7 +36,9 @@ def _expr(dashboard: dict[str, Any], title: str, legend: str) -> str:
                     if a["name"] == legend)
     else:
         panel = next(p for p in dashboard["panels"] if p.get("title") == title)
-        expr = next(t["expr"] for t in panel["targets"] if t["legendFormat"] == legend)
+        # Each line is named for its deployment too (several may be chosen).
+        expr = next(t["expr"] for t in panel["targets"]
+                    if t["legendFormat"] in (legend, f"{legend} {WHOSE}"))
     # The variables a Grafana user sets, longest first ($operator_namespace holds none).
     for var, value in sorted(_VARIABLES.items(), key=lambda kv: -len(kv[0])):
         expr = expr.replace(var, value)
@@ -75,12 +77,12 @@ def _case(d: dict[str, Any], own: str, operator: str) -> dict[str, Any]:
     checks = [
         (_expr(d, "TTFT P0", "P99 {{slopilot_namespace}}/{{slopilot_deployment}}"),
          [(ident, 0.2)]),
-        (_expr(d, "Requests", "running"), [("{}", 3)]),
+        (_expr(d, "Requests", "running"), [(ident, 3)]),
         (_expr(d, "annotation", "Alerts"),
          [(f'ALERTS{{alertname="SlopilotTTFTP99High",alertstate="firing",{IDENT}{own}}}',
            1)]),
-        (_expr(d, "Replicas", "desired"), [("{}", 3)]),
-        (_expr(d, "Twin error and trust", "trusted (100% = yes)"), [("{}", 1)]),
+        (_expr(d, "Replicas", "desired"), [(ident, 3)]),
+        (_expr(d, "Twin error and trust", "trusted (100% = yes)"), [(ident, 1)]),
         (_expr(d, "annotation", "Tuner actions"),
          [(f'{{{IDENT},action="scale",reason="alert"{operator}}}', 1)]),
     ]

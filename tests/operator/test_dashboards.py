@@ -180,7 +180,8 @@ def test_the_replicas_panel_counts_the_engine_pods_scraped_on_either_backend(
     labels each data-parallel engine's series with ``engine`` (pod b runs two)."""
     panel = next(p for p in _panels(build_dashboard(latency=latency))
                  if p["title"] == "Replicas")
-    expr = next(t["expr"] for t in panel["targets"] if t["legendFormat"] == "scraped engines")
+    expr = next(t["expr"] for t in panel["targets"]
+                if t["legendFormat"].startswith("scraped engines"))
     ident = 'slopilot_namespace="team-a",slopilot_deployment="example"'
     if latency == BUILTIN_LATENCY:
         series = [{"series": f'{name}{{{ident},instance="{pod}",model_name="m"}}',
@@ -200,7 +201,7 @@ def test_the_replicas_panel_counts_the_engine_pods_scraped_on_either_backend(
     test = {"rule_files": ["rules.yaml"], "evaluation_interval": "1m", "tests": [{
         "interval": "1m", "input_series": series, "promql_expr_test": [{
             "expr": substitute(expr), "eval_time": "5m",
-            "exp_samples": [{"labels": "{}", "value": 2}]}]}]}
+            "exp_samples": [{"labels": f"{{{ident}}}", "value": 2}]}]}]}
     (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
     result = promtool(prometheus_binaries, "test", "rules", "test.yaml", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
