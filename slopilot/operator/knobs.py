@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
@@ -407,7 +408,8 @@ class TuningSpec:
 
 def tuning_section(spec: Mapping[str, Any], engine: EngineConfig, running: EngineConfig,
                    applies: frozenset[str] | None, r: SpecReader,
-                   warnings: list[str] | None = None) -> TuningSpec | None:
+                   warnings: list[str] | None = None,
+                   scrape_s: float = SCRAPE_INTERVAL_S) -> TuningSpec | None:
     """``spec.tuning``: bounds judged on the spec's ``engine``, the space based on the
     ``running`` one; None (the problems in ``r`` say why) when there is no space. A field
     read in another meaning than written appends to ``warnings``."""
@@ -422,12 +424,15 @@ def tuning_section(spec: Mapping[str, Any], engine: EngineConfig, running: Engin
                           f"between {MIN_WINDOW_S:g} s and {MAX_WINDOW_S:g} s (a day); "
                           "e.g. 2m")
         window_s = 120.0
-    elif window_s < WINDOW_SCRAPES * SCRAPE_INTERVAL_S and warnings is not None:
+    elif window_s < WINDOW_SCRAPES * scrape_s and warnings is not None:
+        whose = ("the ServiceMonitor's" if scrape_s <= SCRAPE_INTERVAL_S
+                 else "spec.alerts.scrapeInterval's")
+        least = duration(math.ceil(WINDOW_SCRAPES * scrape_s))
         warnings.append(
-            f"spec.tuning.window={window!r} spans under {WINDOW_SCRAPES} of the "
-            f"ServiceMonitor's {SCRAPE_INTERVAL_S} s scrapes: a replica may leave one "
+            f"spec.tuning.window={window!r} spans under {WINDOW_SCRAPES} of {whose} "
+            f"{scrape_s:g} s scrapes: a replica may leave one "
             "sample in a window, a rate of which reads none of its requests, and the loop "
-            f"rejects such a window; use at least {duration(WINDOW_SCRAPES * SCRAPE_INTERVAL_S)}"
+            f"rejects such a window; use at least {least}"
             " (the ScrapeInterval condition names the interval Prometheus really scrapes at)")
     floor, max_trial_s = trial_floor(spec, window_s, r)
     trials = r.get(spec, "spec.tuning.maxTrials", int, 30)

@@ -248,7 +248,8 @@ def parse_spec(body: Mapping[str, Any]) -> LLMDeploymentSpec:
     if (left := tuned_left_behind(body)) is not None:
         warnings.append(left)
     tuning = tuning_section(spec, engine, running,
-                            VLLM_APPLIES if backend is Backend.VLLM else None, r, warnings)
+                            VLLM_APPLIES if backend is Backend.VLLM else None, r, warnings,
+                            scrape_s=alerts.max_scrape_interval_s)
     warnings += unreachable_rows(slo, alerts, VLLM_LATENCY if backend is Backend.VLLM
                                  else BUILTIN_LATENCY)
     if backend is Backend.VLLM and engine.max_num_seqs > engine.effective_budget:

@@ -73,3 +73,13 @@ def test_a_window_of_under_four_scrapes_is_warned_of(window: str) -> None:
 def test_a_window_of_four_scrapes_or_more_is_not_warned_of(window: str) -> None:
     spec = parse(tuning={"window": window})
     assert not [w for w in spec.warnings if "spec.tuning.window" in w], spec.warnings
+
+
+def test_a_window_under_four_of_the_scrape_interval_said_is_warned_of() -> None:
+    """``spec.alerts.scrapeInterval: 30s``: a 1m window holds two scrapes, one failed
+    or late leaves one."""
+    spec = parse(tuning={"window": "1m"}, alerts={"scrapeInterval": "30s"})
+    said = [w for w in spec.warnings if "spec.tuning.window" in w]
+    assert len(said) == 1 and "30 s" in said[0] and "2m" in said[0], spec.warnings
+    spec = parse(tuning={"window": "2m"}, alerts={"scrapeInterval": "30s"})
+    assert not [w for w in spec.warnings if "spec.tuning.window" in w], spec.warnings
