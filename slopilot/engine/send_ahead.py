@@ -58,7 +58,9 @@ HTTP/2 (``tcp_notsent_lowat`` 16 KiB, Cloudflare's too). About 70 streamed token
 ~220 bytes, or 30 with top-5 logprobs: a token stream (tens of KB/s) never waits on it
 on a fast link, and a bulk body still fills a fast link's window (bytes in flight are
 not counted), refilled each time 8 KiB of it leaves (the kernel wakes a writer at half
-the mark). Smaller would tighten the stamps at the cost of a wake-up every few packets;
+the mark). Smaller does not tighten a slow reader's stamps: its kernel takes bytes as the
+client's window opens, half its receive buffer at a time, so each wait is a window's
+step however small the mark (4 KiB read more long gaps than 16: docs/benchmarks.md);
 larger lets a slow link's client fall seconds behind what counts as delivered."""
 
 TRANSPORT_HIGH_WATER = 0
