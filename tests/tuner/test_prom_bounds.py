@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from slopilot.tuner.prometheus.alerts import AlertSource
-from slopilot.tuner.prometheus.bounded import MAX_ANSWER_BYTES
+from slopilot.tuner.prometheus.bounded import ALERTS_ANSWER_BYTES, MAX_ANSWER_BYTES
 from slopilot.tuner.prometheus.query import query_at
 from slopilot.tuner.study.evaluator import PrometheusUnavailable
 
@@ -65,8 +65,8 @@ class _Misbehaving(BaseHTTPRequestHandler):
         while not stop.is_set():
             self.wfile.write(SECRET * 4096)
 
-    def _drip(self, stop: threading.Event, length: int | None = MAX_ANSWER_BYTES) -> None:
-        self._head(length)  # within the cap: only the deadline can refuse it
+    def _drip(self, stop: threading.Event, length: int | None = ALERTS_ANSWER_BYTES) -> None:
+        self._head(length)  # within every reader's cap: only the deadline can refuse it
         while not stop.wait(DRIP_PAUSE_S):
             self.wfile.write(SECRET[:1])
             self.wfile.flush()
@@ -130,14 +130,17 @@ def test_an_endless_body_stops_at_the_cap(misbehaving: Callable[[str], str],
                                           reader: str) -> None:
     message = _refused(READERS[reader], misbehaving("endless"), max_bytes=256 * 1024,
                        deadline_s=NO_DEADLINE_S)
-    assert "over the 262144 bytes cap (MAX_ANSWER_BYTES)" in message
+    assert "over the 256 KiB cap for this query (bounded.answer_cap)" in message
 
 
 @pytest.mark.parametrize("reader", sorted(READERS))
 def test_a_declared_size_over_the_cap_is_refused_before_reading(
         misbehaving: Callable[[str], str], reader: str) -> None:
     message = _refused(READERS[reader], misbehaving("declared"))  # the shipped bounds
-    assert f"over the {MAX_ANSWER_BYTES // 2**20} MiB cap (MAX_ANSWER_BYTES)" in message
+    # Each reader's own: one deployment's alerts are far smaller than a raw read.
+    cap = "256 KiB" if reader == "alerts" else f"{MAX_ANSWER_BYTES // 2**20} MiB"
+    assert ALERTS_ANSWER_BYTES == 256 * 1024
+    assert f"over the {cap} cap for this query (bounded.answer_cap)" in message
 
 
 @pytest.mark.parametrize("mode", ["drip", "drip-unsized", "header-drip"])

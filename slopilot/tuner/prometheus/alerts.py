@@ -34,8 +34,9 @@ from slopilot.tuner.prometheus.alert_table import (
     alert_table,
 )
 from slopilot.tuner.prometheus.bounded import (
+    ALERTS_ANSWER_BYTES,
     ANSWER_DEADLINE_S,
-    MAX_ANSWER_BYTES,
+    Charge,
     bounded_client,
 )
 from slopilot.tuner.prometheus.query import query_at
@@ -215,7 +216,7 @@ class AlertSource:
                  namespace_label: str | None = None, verify: TLSVerify = VERIFIED,
                  timeout_s: float = 5.0, client: httpx.Client | None = None,
                  deadline_s: float = ANSWER_DEADLINE_S,
-                 max_bytes: int = MAX_ANSWER_BYTES,
+                 max_bytes: int = ALERTS_ANSWER_BYTES, charge: Charge | None = None,
                  offset_s: Callable[[], float] | None = None) -> None:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"Prometheus url {url!r}: expected http://host:port")
@@ -229,9 +230,11 @@ class AlertSource:
         self.verify = verify
         """How an https server's certificate is checked (unless ``client`` is given)."""
         self._client = client or bounded_client(timeout_s, verify=verify)
-        # query_at reads within the bounds, and its errors never quote the body.
+        # query_at reads within the bounds, and its errors never quote the body. The cap:
+        # what one deployment's alerts can be (bounded.ALERTS_ANSWER_BYTES), not more:
+        # this query runs every tick.
         self._query = query_at(self.url, timeout_s, client=self._client,
-                               deadline_s=deadline_s, max_bytes=max_bytes)
+                               deadline_s=deadline_s, max_bytes=max_bytes, charge=charge)
         self.offset_s = offset_s
         """The reader's clock less Prometheus's (``clock_offset.PrometheusClock``), or
         None: each alert's ``since`` (activeAt, Prometheus's clock) is moved by it onto

@@ -7,6 +7,13 @@ answer: an endless body would fill the operator's memory, and one that drips a b
 and then would hold a controller's tick forever. ``read_answer`` is the one place the
 tuner reads a Prometheus answer, and it bounds both: past ``MAX_ANSWER_BYTES`` or the
 deadline it raises ``PrometheusUnavailable``, naming the bound and never the body.
+
+Each reader's cap is what its queries can really return (``ALERTS_ANSWER_BYTES``,
+``answer_cap``), not one size for all: the operator parses an answer with ``json.loads``,
+which holds the GIL to its end (a valid 7.9 MiB vector: 0.3 s of every thread's time and
+55 MiB at its peak), so a tenant's server answering at a cap far above its queries' stalled
+every namespace's steps. ``charge`` lets the caller count the bytes read as they come
+(``answer_budget``: a namespace's answers a minute).
 """
 
 from __future__ import annotations
@@ -26,11 +33,38 @@ from slopilot.tuner.prometheus.tls import TRUST_FIX, VERIFIED, TLSVerify
 from slopilot.tuner.study.evaluator import PrometheusUnavailable
 
 MAX_ANSWER_BYTES = 8 * 1024 * 1024
-"""The most bytes of one answer read (decoded, as JSON text). Every query the tuner sends
-aggregates (``sum by`` class, ``le``, kind) or selects one deployment's alerts, so a real
-answer is at most a few hundred series: tens of KiB. 8 MiB is a hundred times that, and
-as parsed JSON an answer takes several times its size, so one controller's worst case
-stays in tens of MiB however many controllers read at once."""
+"""The most bytes of one answer read (decoded, as JSON text) by any reader: the ceiling of
+``answer_cap``, and the cap of a reader not given its own (the CLI's, a test's)."""
+
+ALERTS_ANSWER_BYTES = 256 * 1024
+"""The cap of one deployment's alerts answer (``alerts.alerts_query``), and the part of
+every query's cap that does not grow with replicas. That answer holds, at most, each of
+the alert table's 14 rules firing (``ALERTS``), its ``ALERTS_FOR_STATE`` and its
+evaluation time, even were each to fire for all 4 classes (p0-p2 and all): 168 series,
+and the 9 recorded figures (per deployment, not per replica) of 4 classes: 36; 204 series
+of at most ``SERIES_LABEL_BYTES`` each = 204 KiB (at real labels' 300 B, 60 KiB). The
+aggregated queries of the windows are smaller still: ``sum by (le, priority_class)`` is
+a histogram's edges (vLLM's TTFT has 20-odd) by 4 classes, about 100 series of a few
+labels; ``sum by (kind, feature)`` a dozen."""
+
+SERIES_LABEL_BYTES = 1024
+"""One series' labels as JSON, at most: the dozen a ServiceMonitor puts on (namespace,
+pod, instance, job, service, endpoint, container, slopilot_*) with Kubernetes names of up
+to 63 characters, and the metric's own."""
+SAMPLE_BYTES = 40
+"""One raw sample as JSON: ``[1733600000.123,"123456789"],``, 30 bytes, and room for a
+float's 17 digits."""
+SCRAPE_INTERVAL_S = 15
+"""The scrape interval the operator's ServiceMonitor sets (``pod_layout``'s), which a raw
+read's sample count follows; a Prometheus scraping more often fills a raw read's cap
+sooner (its callers then leave what it measures unmeasured)."""
+RAW_SPAN_S = 900
+"""The shortest span a raw range read covers: ``scrape_interval.LOOKBACK_S`` (``up`` over
+15 minutes); the arrivals' raw samples (``profiling.raw_arrivals``) cover the window or
+``burstiness.BURST_WINDOW_S`` (600 s), whichever is longer."""
+SERIES_PER_REPLICA = 8
+"""The series one replica adds to a raw read: the arrivals counter of 3 classes and the
+unclassed, twice where the pod was replaced inside the span (a new ``pod`` label)."""
 
 ANSWER_DEADLINE_S = 30.0
 """The longest one request may take, from connecting to the last byte. A healthy
@@ -39,6 +73,33 @@ one under load, while a controller held by a slow or dripping server misses a fe
 ticks, not all of them."""
 
 _MIB = 1024 * 1024
+
+
+def answer_cap(max_replicas: int, window_s: float) -> int:
+    """The cap of one answer to a deployment's window, probe and scrape-interval queries.
+
+    Their largest real answers are the raw range reads (an instant query of ``x[span]``:
+    every sample of every series): ``SERIES_PER_REPLICA`` series for each of
+    ``max_replicas`` (the CR's ``spec.replicas.max``), each its labels and a sample per
+    ``SCRAPE_INTERVAL_S`` over the longer of ``window_s`` and ``RAW_SPAN_S``, on top of
+    ``ALERTS_ANSWER_BYTES`` for the aggregated ones; never above ``MAX_ANSWER_BYTES``.
+    At the default 2-minute window: 61 samples, 8 x (1 KiB + 61 x 40 B) = 27 KiB a
+    replica, so 283 KiB for 1 replica and 2.0 MiB for 64 (``spec.MAX_REPLICAS``); an
+    hour's window 85 KiB a replica (5.6 MiB for 64). A read past its cap is refused as
+    Prometheus unavailable (a raw read's caller then leaves the burstiness or the
+    scrape interval unmeasured, as for a Prometheus scraping every second).
+    """
+    if max_replicas < 1 or not window_s > 0:
+        raise ValueError(f"max_replicas={max_replicas!r}, window_s={window_s!r}: expected "
+                         "replicas >= 1 and seconds > 0")
+    samples = int(max(window_s, RAW_SPAN_S) // SCRAPE_INTERVAL_S) + 1
+    per_replica = SERIES_PER_REPLICA * (SERIES_LABEL_BYTES + samples * SAMPLE_BYTES)
+    return min(MAX_ANSWER_BYTES, ALERTS_ANSWER_BYTES + max_replicas * per_replica)
+
+
+Charge = Callable[[int], None]
+"""Counts bytes of an answer as they are read; raises ``PrometheusUnavailable`` to stop
+the read (``answer_budget``: the namespace's budget is spent)."""
 # The trace events whose return value is the request's connection: the TCP one, then
 # the TLS one that wraps it (its socket replaces the TCP one's).
 _CONNECTED = frozenset({"connection.connect_tcp.complete", "connection.start_tls.complete"})
@@ -102,11 +163,13 @@ class _TrustFollowing(httpx.BaseTransport):
 
 def read_answer(client: httpx.Client, base: str, path: str, params: Mapping[str, str], *,
                 deadline_s: float = ANSWER_DEADLINE_S,
-                max_bytes: int = MAX_ANSWER_BYTES) -> Answer:
+                max_bytes: int = MAX_ANSWER_BYTES, charge: Charge | None = None) -> Answer:
     """``GET base + path``: its status, content type and (for a 200) body.
 
     Unreachable, a certificate that fails verification, past ``max_bytes`` or past
-    ``deadline_s`` -> ``PrometheusUnavailable``.
+    ``deadline_s`` -> ``PrometheusUnavailable``; so too whatever ``charge`` raises, which
+    is given each chunk's size as it is read (the declared size first, where there is
+    one: a budget refuses an answer it cannot pay for before reading any of it).
     """
     if not deadline_s > 0 or max_bytes < 1:
         raise ValueError(f"deadline_s={deadline_s!r}, max_bytes={max_bytes!r}: expected "
@@ -118,8 +181,11 @@ def read_answer(client: httpx.Client, base: str, path: str, params: Mapping[str,
             ctype = resp.headers.get("content-type")
             if resp.status_code != 200:
                 return Answer(resp.status_code, ctype, b"")
-            _refuse_declared_size(resp, base, max_bytes)
-            body = b"".join(_capped(resp.iter_bytes(), deadline, base, max_bytes))
+            declared = _declared_size(resp, base, max_bytes)
+            if charge is not None and declared is not None:
+                charge(declared)
+            body = b"".join(_capped(resp.iter_bytes(), deadline, base, max_bytes,
+                                    None if declared is not None else charge))
     except httpx.HTTPError as exc:
         if deadline.passed:  # a read the deadline cut short is the deadline's doing
             raise _deadline_error(deadline, base) from None
@@ -137,28 +203,39 @@ def read_answer(client: httpx.Client, base: str, path: str, params: Mapping[str,
     return Answer(200, ctype, body)
 
 
-def _refuse_declared_size(resp: httpx.Response, base: str, max_bytes: int) -> None:
+def _declared_size(resp: httpx.Response, base: str, max_bytes: int) -> int | None:
+    """The body's Content-Length where it declares one (refused over ``max_bytes``).
+
+    The body read is then never longer: httpx ends it at the length it declared. Not a
+    compressed one's: httpx decodes it, and the cap and charge count decoded bytes."""
     declared = resp.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > max_bytes:
+    if not declared.isdigit():
+        return None
+    if int(declared) > max_bytes:
         raise PrometheusUnavailable(_too_large(base, max_bytes))
+    encoded = resp.headers.get("content-encoding", "identity").strip().lower()
+    return int(declared) if encoded in ("", "identity") else None
 
 
 def _capped(chunks: Iterator[bytes], deadline: Deadline, base: str,
-            max_bytes: int) -> Iterator[bytes]:
+            max_bytes: int, charge: Charge | None) -> Iterator[bytes]:
     size = 0
     for chunk in chunks:
         size += len(chunk)
         if size > max_bytes:
             raise PrometheusUnavailable(_too_large(base, max_bytes))
         _check(deadline, base)
+        if charge is not None:
+            charge(len(chunk))
         yield chunk
 
 
 def _too_large(base: str, max_bytes: int) -> str:
-    size = f"{max_bytes // _MIB} MiB" if max_bytes % _MIB == 0 else f"{max_bytes} bytes"
-    return (f"Prometheus at {base} sent an answer over the {size} cap "
-            "(MAX_ANSWER_BYTES); no answer to the tuner's queries is that large: check "
-            "that spec.prometheus.url is a Prometheus")
+    size = (f"{max_bytes // _MIB} MiB" if max_bytes % _MIB == 0 else
+            f"{max_bytes // 1024} KiB" if max_bytes % 1024 == 0 else f"{max_bytes} bytes")
+    return (f"Prometheus at {base} sent an answer over the {size} cap for this query "
+            "(bounded.answer_cap); no real answer to it is that large: check that "
+            "spec.prometheus.url is a Prometheus")
 
 
 class Timer(Protocol):

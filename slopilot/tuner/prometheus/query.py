@@ -22,6 +22,7 @@ from slopilot.engine.window_summary import ClassFigures, Window, WindowSummary, 
 from slopilot.tuner.prometheus.bounded import (
     ANSWER_DEADLINE_S,
     MAX_ANSWER_BYTES,
+    Charge,
     bounded_client,
     read_answer,
 )
@@ -40,15 +41,17 @@ QueryAt = Callable[[str, float | None], list[dict[str, Any]]]
 
 def query_at(url: str, timeout_s: float = 5.0, *, verify: TLSVerify = VERIFIED,
              client: httpx.Client | None = None, deadline_s: float = ANSWER_DEADLINE_S,
-             max_bytes: int = MAX_ANSWER_BYTES) -> QueryAt:
+             max_bytes: int = MAX_ANSWER_BYTES, charge: Charge | None = None) -> QueryAt:
     """A ``QueryAt`` over ``GET /api/v1/query`` of the server at ``url``.
 
     Errors never quote the answer (``safe_errors``): the URL may be a tenant's, and the
     message reaches the CR's status. Redirects are not followed, so an allowed host
     cannot bounce the request elsewhere. Each answer is read within ``max_bytes`` and
-    ``deadline_s`` (``bounded``). ``verify``: how an https server's certificate is
-    checked (CAFileError here when its CA bundle cannot be read). ``client``: the
-    caller's, which checks certificates its own way (the caller closes it).
+    ``deadline_s`` (``bounded``), its bytes counted by ``charge`` as they come (the
+    namespace's ``answer_budget``: a spent one refuses the read). ``verify``: how an
+    https server's certificate is checked (CAFileError here when its CA bundle cannot be
+    read). ``client``: the caller's, which checks certificates its own way (the caller
+    closes it).
     """
     if not isinstance(url, str) or not url.startswith(("http://", "https://")):
         raise ValueError(f"prometheus url={url!r}: expected an http(s) URL, "
@@ -64,7 +67,7 @@ def query_at(url: str, timeout_s: float = 5.0, *, verify: TLSVerify = VERIFIED,
         if at is not None:
             params["time"] = f"{at:.3f}"
         answer = read_answer(http, base, "/api/v1/query", params, deadline_s=deadline_s,
-                             max_bytes=max_bytes)
+                             max_bytes=max_bytes, charge=charge)
         if answer.status != 200:
             raise PrometheusUnavailable(f"Prometheus at {base} refused the query {expr!r}: "
                                         f"{http_failure(answer.status, answer.content_type)}")
