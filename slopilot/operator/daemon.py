@@ -286,6 +286,8 @@ def prometheus_controller(ctx: DaemonContext) -> Controller:
     from slopilot.operator.service_monitor import latency_sources
     from slopilot.tuner.prometheus.adapters import PrometheusProbe, PrometheusWindows
     from slopilot.tuner.prometheus.alerts import AlertSource
+    from slopilot.tuner.prometheus.answer_budget import BUDGETS
+    from slopilot.tuner.prometheus.bounded import answer_cap
     from slopilot.tuner.prometheus.clock_offset import PrometheusClock
     from slopilot.tuner.prometheus.iterations import PrometheusIterations
     from slopilot.tuner.prometheus.profiling import probe_window_s
@@ -305,12 +307,17 @@ def prometheus_controller(ctx: DaemonContext) -> Controller:
         # Every window, probe and twin check on Prometheus's clock: the loop's times are
         # this process's clock, which may be off the one that stamps the samples.
         metrics = operator_metrics(ctx.namespace)
-        query = PrometheusClock(query_at(spec.prometheus_url, verify=ctx.prometheus_tls),
-                                label=f"{ctx.namespace}/{name}",
-                                observe=lambda offset: metrics.clock(name, offset))
+        # Each answer within what its queries can really return, and the namespace's
+        # answers within their budget a minute: a tenant's own server answering at the
+        # cap stalled every namespace's steps (bounded.py, answer_budget.py).
+        charge = BUDGETS.charge(ctx.namespace, name)
+        query = PrometheusClock(
+            query_at(spec.prometheus_url, verify=ctx.prometheus_tls, charge=charge,
+                     max_bytes=answer_cap(spec.max_replicas, spec.tuning.window_s)),
+            label=f"{ctx.namespace}/{name}", observe=lambda offset: metrics.clock(name, offset))
         alerts = AlertSource(spec.prometheus_url, name, namespace=ctx.namespace,
                              namespace_label=ctx.namespace_label, verify=ctx.prometheus_tls,
-                             offset_s=query.offset_s)
+                             offset_s=query.offset_s, charge=charge)
     except CAFileError as exc:  # a bundle never read: a policy not made by settings.py
         raise ControllerError(f"{PROMETHEUS_CA_ENV}: the CA bundle {exc}; mount the "
                               "Prometheus CA's PEM certificate there again") from None

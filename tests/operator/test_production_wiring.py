@@ -59,12 +59,13 @@ class OneDeployment:
 
 
 def context(tmp_path: Path, backend: str = "builtin", namespace_label: str | None = None,
-            **tuning: Any) -> DaemonContext:
+            prometheus_url: str | None = None, **tuning: Any) -> DaemonContext:
     body = {"apiVersion": "slopilot.dev/v1alpha1", "kind": "LLMDeployment",
             "metadata": {"name": "chat", "namespace": "team", "uid": "u1"},
             "spec": {"model": {"name": "smollm2-135m"}, "backend": backend,
                      # Nothing listens there: a Prometheus that is down.
-                     "prometheus": {"url": f"http://127.0.0.1:{refused_port()}"},
+                     "prometheus": {"url": prometheus_url
+                                    or f"http://127.0.0.1:{refused_port()}"},
                      "tuning": {"storage": f"sqlite:///{tmp_path / 'study.db'}", **tuning}}}
     spec = parse_spec(body)
     kube: Any = OneDeployment()
@@ -351,3 +352,70 @@ def test_on_the_builtin_engine_the_hold_reads_the_arrivals(tmp_path: Path) -> No
     assert isinstance(ctl.probe, PrometheusProbe)
     ctl.probe.query = bodies_mostly
     assert too_thin(ctl, 1000.0, ["p0"]) is None
+
+
+def _answering_prometheus(body: bytes) -> Any:
+    """A stand-in Prometheus answering every query with ``body`` (a tenant's own)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Answer(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def _vector_of(size: int) -> bytes:
+    import json
+    series = [{"metric": {"i": f"{i:07d}", "pad": "x" * 200}, "value": [1.0, "1"]}
+              for i in range(size // 266)]
+    return json.dumps({"status": "success",
+                       "data": {"resultType": "vector", "result": series}}).encode()
+
+
+def test_each_read_is_capped_by_its_query_and_charged_to_the_namespace(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tenant's own Prometheus answering at the old one-size 8 MiB cap stalled every
+    namespace's steps (json.loads holds the GIL): the alerts read within what alerts can
+    be, the windows' within what one replica's raw reads can be, and the namespace's
+    answers within its budget a minute."""
+    from slopilot.tuner.prometheus import answer_budget
+    from slopilot.tuner.prometheus.bounded import ALERTS_ANSWER_BYTES, answer_cap
+    from slopilot.tuner.study.evaluator import PrometheusUnavailable
+
+    clock = [0.0]
+    budgets = answer_budget.NamespaceBudgets(bytes_per_min=2 * 2**20, clock=lambda: clock[0])
+    monkeypatch.setattr(answer_budget, "BUDGETS", budgets)
+    body = _vector_of(270 * 1024)
+    assert ALERTS_ANSWER_BYTES < len(body) < answer_cap(1, 120.0)
+    server = _answering_prometheus(body)
+    try:
+        ctl = prometheus_controller(context(
+            tmp_path, prometheus_url=f"http://127.0.0.1:{server.server_address[1]}"))
+        assert isinstance(ctl.evaluator, PrometheusWindows)
+        with pytest.raises(PrometheusUnavailable, match="over the 256 KiB cap"):
+            ctl.alerts.firing()
+        left = budgets.budget("team").left()
+        read = 0
+        while True:  # the windows' query reads it, out of the namespace's budget
+            try:
+                ctl.evaluator.query("up", None)
+            except PrometheusUnavailable as exc:
+                assert "LLMDeployment team/chat" in str(exc), exc
+                break
+            read += 1
+        assert read == int(left // len(body))
+        assert budgets.budget("other").left() == 2 * 2**20  # another namespace's is whole
+    finally:
+        server.shutdown()
+        server.server_close()
