@@ -50,6 +50,8 @@ BASE_SCENARIO_ENV = "SLOPILOT_BASE_SCENARIO"
 SIM_WORKERS_ENV = "SLOPILOT_SIM_WORKERS"
 SIM_WORKERS_PER_NAMESPACE_ENV = "SLOPILOT_SIM_WORKERS_PER_NAMESPACE"
 MAX_SIM_WORKERS = 64
+PROMETHEUS_BUDGET_ENV = "SLOPILOT_PROMETHEUS_MIB_PER_MIN"
+MAX_PROMETHEUS_MIB_PER_MIN = 4096
 DEFAULT_BASE_SCENARIO = "azure-conv-2023"
 SPACE_CHANGED = "StudySpaceChanged"
 """The event's reason when the deployment's tuning moves to a successor study."""
@@ -138,6 +140,25 @@ def sim_workers_per_namespace(workers: int) -> int | None:
     return value
 
 
+def prometheus_bytes_per_min() -> int:
+    """``$SLOPILOT_PROMETHEUS_MIB_PER_MIN``: the Prometheus answers one namespace's
+    deployments may read a minute, in MiB (unset: ``NAMESPACE_BYTES_PER_MIN``, 16 MiB).
+    Raised for a namespace of many large deployments; each MiB more is about 40 ms a
+    minute of parsing under the GIL that one tenant's server can make every other wait
+    (answer_budget.py)."""
+    from slopilot.tuner.prometheus.answer_budget import NAMESPACE_BYTES_PER_MIN
+
+    raw = _setting(PROMETHEUS_BUDGET_ENV)
+    if raw is None:
+        return NAMESPACE_BYTES_PER_MIN
+    value = _whole(raw, MAX_PROMETHEUS_MIB_PER_MIN)
+    if value is None:
+        raise ControllerError(f"{PROMETHEUS_BUDGET_ENV}={raw[:40]!r}: expected a whole "
+                              f"number of MiB from 1 to {MAX_PROMETHEUS_MIB_PER_MIN}, or "
+                              "unset for 16")
+    return value * 2**20
+
+
 def base_scenario() -> Scenario:
     """``$SLOPILOT_BASE_SCENARIO``'s scenario (default ``DEFAULT_BASE_SCENARIO``): the
     hardware the deployments' twins run on where a CR names no profile."""
@@ -157,6 +178,7 @@ def check_daemon_settings() -> None:
     sim_workers_per_namespace(sim_workers())
     tick_interval()
     base_scenario()
+    prometheus_bytes_per_min()
 
 
 def sim_worker() -> SimWorker:
@@ -310,7 +332,7 @@ def prometheus_controller(ctx: DaemonContext) -> Controller:
         # Each answer within what its queries can really return, and the namespace's
         # answers within their budget a minute: a tenant's own server answering at the
         # cap stalled every namespace's steps (bounded.py, answer_budget.py).
-        charge = BUDGETS.charge(ctx.namespace, name)
+        charge = BUDGETS.charge(ctx.namespace, name, prometheus_bytes_per_min())
         query = PrometheusClock(
             query_at(spec.prometheus_url, verify=ctx.prometheus_tls, charge=charge,
                      max_bytes=answer_cap(spec.max_replicas, spec.tuning.window_s)),

@@ -44,6 +44,9 @@
 - ``$SLOPILOT_DCGM_NAMESPACE``: the namespace the DCGM exporter runs in, so the rules
   read its series scraped without honorLabels too (policy.py); a value that is no
   namespace name stops the start.
+- ``$SLOPILOT_PROMETHEUS_MIB_PER_MIN``: the Prometheus answers one namespace's
+  deployments may read a minute (default 16 MiB; daemon.py, answer_budget.py); a value
+  that is no whole number of MiB from 1 to 4096 stops the start.
 - ``$SLOPILOT_MAX_TRIALS_PER_HOUR``: the most live trials one CR's loop starts in an
   hour (default 60), whatever its ``spec.tuning.maxTrials`` (policy.py); a value that is
   no positive whole number stops the start.

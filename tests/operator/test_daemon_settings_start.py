@@ -34,7 +34,8 @@ HUGE = "9" * 5000
 @pytest.mark.parametrize(("name", "raw"), [
     (SIM_WORKERS_ENV, "0"), (SIM_WORKERS_ENV, HUGE), (SIM_WORKERS_PER_NAMESPACE_ENV, "0"),
     (TICK_ENV, "inf"), (TICK_ENV, "nan"), (TICK_ENV, "0.001"), (TICK_ENV, HUGE),
-    (BASE_SCENARIO_ENV, "nonexistent"), (MAX_TRIALS_PER_HOUR_ENV, HUGE)])
+    (BASE_SCENARIO_ENV, "nonexistent"), (MAX_TRIALS_PER_HOUR_ENV, HUGE),
+    ("SLOPILOT_PROMETHEUS_MIB_PER_MIN", "0")])
 def test_a_bad_daemon_setting_stops_the_start_naming_it(
         name: str, raw: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         kopf_runs: list[Callable[[threading.Event], None]]) -> None:
@@ -61,3 +62,21 @@ def test_a_number_too_long_for_int_is_the_settings_own_error(
     monkeypatch.setenv(SIM_WORKERS_ENV, raw)
     with pytest.raises(ControllerError, match=f"{SIM_WORKERS_ENV}="):
         sim_workers()
+
+
+def test_the_prometheus_budget_is_the_administrators(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A namespace of many large deployments may need more than the shipped 16 MiB of
+    answers a minute: ``$SLOPILOT_PROMETHEUS_MIB_PER_MIN`` sets it (a bad value stops
+    the start, above), and the namespaces' budgets are made with it."""
+    from slopilot.operator.daemon import PROMETHEUS_BUDGET_ENV, prometheus_bytes_per_min
+    from slopilot.tuner.prometheus.answer_budget import NAMESPACE_BYTES_PER_MIN
+
+    assert prometheus_bytes_per_min() == NAMESPACE_BYTES_PER_MIN
+    monkeypatch.setenv(PROMETHEUS_BUDGET_ENV, "64")
+    check_daemon_settings()
+    assert prometheus_bytes_per_min() == 64 * 2**20
+    for raw in ("0", "-1", "1.5", "lots", HUGE):
+        monkeypatch.setenv(PROMETHEUS_BUDGET_ENV, raw)
+        with pytest.raises(ControllerError, match=f"{PROMETHEUS_BUDGET_ENV}="):
+            check_daemon_settings()

@@ -77,11 +77,12 @@ class AnswerBudget:
         return (f"LLMDeployment {self.namespace}/{deployment}: the Prometheus answers read "
                 f"for namespace {self.namespace}'s deployments passed its budget of "
                 f"{self.bytes_per_min / _MIB:g} MiB a minute "
-                "(answer_budget.NAMESPACE_BYTES_PER_MIN), so this query was not read; "
+                "(the operator's $SLOPILOT_PROMETHEUS_MIB_PER_MIN), so this query was not read; "
                 "its reads resume as the budget refills. Real answers to the tuner's "
                 "queries are KiB: check that spec.prometheus.url is a Prometheus that "
-                "answers only what was asked (not a proxy adding series), or move some "
-                "of the namespace's LLMDeployments to another namespace")
+                "answers only what was asked (not a proxy adding series); a namespace "
+                "of many large deployments needs the administrator to raise "
+                "$SLOPILOT_PROMETHEUS_MIB_PER_MIN")
 
 
 class NamespaceBudgets:
@@ -93,17 +94,21 @@ class NamespaceBudgets:
         self._lock = threading.Lock()
         self._budgets: dict[str, AnswerBudget] = {}
 
-    def budget(self, namespace: str) -> AnswerBudget:
+    def budget(self, namespace: str, bytes_per_min: int | None = None) -> AnswerBudget:
+        """``namespace``'s budget; with ``bytes_per_min``, made with that rate (the
+        operator's setting, read once at start: a budget made with another is made
+        again, whole)."""
+        rate = self.bytes_per_min if bytes_per_min is None else bytes_per_min
         with self._lock:
             found = self._budgets.get(namespace)
-            if found is None:
-                found = self._budgets[namespace] = AnswerBudget(
-                    namespace, self.bytes_per_min, self._clock)
+            if found is None or (bytes_per_min is not None and found.bytes_per_min != rate):
+                found = self._budgets[namespace] = AnswerBudget(namespace, rate, self._clock)
             return found
 
-    def charge(self, namespace: str, deployment: str) -> Charge:
+    def charge(self, namespace: str, deployment: str,
+               bytes_per_min: int | None = None) -> Charge:
         """What ``deployment``'s reads pass as ``charge`` (``bounded.read_answer``)."""
-        budget = self.budget(namespace)
+        budget = self.budget(namespace, bytes_per_min)
         return lambda size: budget.take(size, deployment)
 
 
