@@ -17,6 +17,7 @@ from slopilot.tuner.loop.state import (
     ControllerState,
     LoopState,
     PendingRestore,
+    RolloutWatch,
     RunningTrial,
 )
 
@@ -166,3 +167,35 @@ def test_a_saved_states_texts_are_read_back_one_line_and_bounded() -> None:
     assert state.stuck_configs[0].why == "z\\n" * 3
     own = LoopState.from_dict({"state": "steady", "reason": "trial 3 holds: P0 TTFT 1.2 s"})
     assert own.reason == "trial 3 holds: P0 TTFT 1.2 s"
+
+
+WATCH = {"since": 10.0, "updated": 1, "config": {"token_budget": 512}}
+
+
+@pytest.mark.parametrize("saved, named", [
+    ({"rollout": {**WATCH, "phase": "surge"}}, "rollout.phase"),
+    ({"trial": {**TRIAL, "verdict": "kept"}}, "trial.verdict"),
+    ({"stuck_configs": [{"config": {}, "until": 5.0, "why": "x", "tries": 2}]},
+     "stuck_configs.tries"),
+    ({"flavour": 1}, "flavour"),
+])
+def test_an_unknown_field_at_any_depth_is_named_with_the_version_hint(
+        saved: dict[str, Any], named: str) -> None:
+    """An unknown nested field said as an unknown top-level one is, not as the raw
+    TypeError of the dataclass (``__init__() got an unexpected keyword argument``)."""
+    with pytest.raises(ControllerError) as caught:
+        LoopState.from_dict(saved)
+    message = str(caught.value)
+    assert named in message and "newer" in message and "older" in message
+    assert "unexpected keyword" not in message
+
+
+def test_a_field_an_older_slopilot_wrote_and_this_one_removed_is_ignored(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """``RolloutWatch.progress`` was written by the operator of 2026-12-06 (3ae5b139)
+    while it watched a rollout: a state it left mid-rollout is resumed, the field
+    dropped with a warning, rather than refused with the controller stopped."""
+    with caplog.at_level("WARNING", logger="slopilot.tuner.loop.state"):
+        state = LoopState.from_dict({"rollout": {**WATCH, "progress": "1/1 updated"}})
+    assert state.rollout == RolloutWatch(**WATCH)
+    assert any("rollout.progress" in r.getMessage() for r in caplog.records)

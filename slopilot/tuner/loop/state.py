@@ -9,6 +9,7 @@ running trial instead of applying or counting it twice.
 from __future__ import annotations
 
 import enum
+import logging
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -16,6 +17,8 @@ from typing import Any
 from slopilot.engine.sim.quote import excerpt
 from slopilot.tuner.loop.errors import ControllerError
 from slopilot.tuner.loop.state_fields import check_fields, texts_read
+
+log = logging.getLogger(__name__)
 
 
 class ControllerState(enum.StrEnum):
@@ -320,11 +323,7 @@ class LoopState:
         if not isinstance(data, Mapping):
             raise ControllerError(f"controller state: expected a mapping, got "
                                   f"{type(data).__name__}")
-        known = set(cls.__dataclass_fields__)
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ControllerError(f"controller state: unknown field(s) {unknown}; "
-                                  "was it written by a newer slopilot?")
+        data = _known_fields(cls, data, "")
         # Its texts one line each and bounded: they reach the log and events.
         values = {k: texts_read(v) for k, v in data.items()}
         # Written before the count was kept: not known, which is not "none measured".
@@ -363,8 +362,38 @@ def _nested(cls: type[Any], values: Mapping[str, Any], name: str) -> Any:
     if not isinstance(saved, Mapping):
         raise ControllerError(f"controller state: {name}={excerpt(saved)}: expected a "
                               "mapping")
+    saved = _known_fields(cls, saved, f"{name}.")
     check_fields(cls, saved, f"{name}.")
     try:
         return cls(**saved)
     except TypeError as exc:
         raise ControllerError(f"controller state: {name}={excerpt(saved)}: {exc}") from None
+
+
+REMOVED_FIELDS: dict[type, dict[str, str]] = {
+    RolloutWatch: {"progress": "the rollout's progress as one text, written by the "
+                               "operator of 2026-12-06 (3ae5b139) until the counts "
+                               "replaced it; the watch reads them again at its next look"},
+}
+"""Fields a released slopilot wrote and a later one removed, per class, and why each is
+safe to drop: an older operator's state on a CR (a CRD of its time keeps them) is
+resumed without them, rather than refused with the controller stopped until someone
+resets the state. A field not listed here nor declared is refused: a newer slopilot's
+may carry meaning this one would silently lose."""
+
+
+def _known_fields(cls: type[Any], data: Mapping[str, Any], prefix: str) -> Mapping[str, Any]:
+    """``data`` without ``cls``'s removed fields (each dropped with a warning);
+    ControllerError naming any other field ``cls`` does not declare."""
+    removed = REMOVED_FIELDS.get(cls, {})
+    unknown = sorted(k for k in data if k not in cls.__dataclass_fields__ and k not in removed)
+    if unknown:
+        raise ControllerError(
+            f"controller state: unknown field(s) {[prefix + str(k) for k in unknown]}; was "
+            "it written by a newer slopilot (or by an older one, with a field since "
+            "removed)? Run the operator version that wrote it, or reset the state")
+    dropped = sorted(k for k in data if k in removed)
+    for name in dropped:
+        log.warning("controller state: %s%s=%s ignored: a field this version no longer "
+                    "keeps (%s)", prefix, name, excerpt(data[name]), removed[name])
+    return {k: v for k, v in data.items() if k not in removed} if dropped else data
