@@ -94,7 +94,13 @@ from slopilot.operator.spec import Backend, SpecError, parse_spec
 from slopilot.operator.status_writer import write_status
 from slopilot.operator.study_cleanup import delete_studies
 from slopilot.operator.tokens import TokenMint
-from slopilot.operator.trial_ends import UNWRITTEN, end_unbuilt, trial_storage
+from slopilot.operator.trial_ends import (
+    UNREADABLE_KEPT,
+    UNWRITTEN,
+    end_unbuilt,
+    trial_storage,
+    unreadable,
+)
 from slopilot.operator.tuned_base import target_of
 from slopilot.operator.tuned_status import NotHeld
 from slopilot.operator.twin_status import TwinTracker
@@ -275,6 +281,8 @@ class DeploymentLoop:
         if ended is None:
             # A trial this build's failure ended at an earlier step is still said: the
             # condition is rewritten each step, and the spec's error alone hid it.
+            if unreadable(saved) and self._accepted(body):
+                why = f"{why}; {UNREADABLE_KEPT}"
             self._write_condition(_with_ended(why, saved), generation)
             return body
         assert ended.ended_trial is not None
@@ -381,16 +389,27 @@ class DeploymentLoop:
         spec it refuses touches nothing, as in the reconcile."""
         if self.controller is not None:
             return True, self.controller.loop.trial, self.on_record
+        if not self._accepted(body):
+            return False, None, None
         saved = (body.get("status") or {}).get("controller")
         try:
-            spec = parse_spec(body)
-            if policy_problems(spec, self.policy, namespace=self.namespace) \
-                    or not_reconciled(self.kube, body, spec):
-                return False, None, None
             state = LoopState.from_dict(saved) if isinstance(saved, Mapping) else None
-        except (SpecError, ControllerError):
-            return False, None, None
+        except ControllerError:
+            # A state this version cannot read (another slopilot's, or a hand edit's):
+            # no trial it records is watched, so none is kept on the pods, which go
+            # back to the committed config. Kept, the trial's config served unwatched
+            # until someone reset the state.
+            return True, None, on_record(saved)
         return True, None if state is None else state.trial, on_record(saved)
+
+    def _accepted(self, body: Mapping[str, Any]) -> bool:
+        """Whether the reconcile accepts the spec in ``body`` (the pods may follow it)."""
+        try:
+            spec = parse_spec(body)
+        except SpecError:
+            return False
+        return not (policy_problems(spec, self.policy, namespace=self.namespace)
+                    or not_reconciled(self.kube, body, spec))
 
     def _ready(self, controller: Controller) -> int | None:
         """The replicas ready now, for ``status.readyReplicas`` (``replicas`` is the

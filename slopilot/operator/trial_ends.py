@@ -77,6 +77,25 @@ def trial_storage(status: Mapping[str, Any] | None) -> str | None:
     return storages[-1] if storages else None
 
 
+UNREADABLE_KEPT = (
+    "until it is, no trial is kept on the pods: they run the committed config "
+    "(status.tunedConfig.committed; the spec's where none was committed)")
+"""What the ``Tuning`` condition adds where the loop state on record cannot be read and
+the spec is accepted (``DeploymentLoop._running_trial``)."""
+
+
+def unreadable(saved: Any) -> bool:
+    """Whether ``saved`` (``status.controller``) is a loop state this version cannot read
+    (another slopilot's, or a hand edit's): no trial of it is watched, nor ended in it."""
+    if saved is None:
+        return False
+    try:
+        LoopState.from_dict(saved)
+    except ControllerError:
+        return True
+    return False
+
+
 def end_unbuilt(saved: Any, why: str, storage: str | None, now: float) -> LoopState | None:
     """The loop state on record (``saved``) with its trial ended because no controller
     can be built (``why``), its episode's config owed to the pods; None where no trial
