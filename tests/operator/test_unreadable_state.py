@@ -99,9 +99,10 @@ def test_a_state_a_newer_slopilot_wrote_puts_the_committed_config_back_on_the_po
 def test_a_state_an_older_slopilot_wrote_mid_rollout_is_resumed(
         kube: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """The operator of 2026-12-06 (3ae5b139) kept ``rollout.progress``, and its CRD kept
-    it in the status: upgraded from it mid-trial, the controller resumes the trial, the
-    field dropped, rather than stopping with the trial's config left serving."""
+    """The builds of 2026-12-06 from 16de31b3 until a5dc8754 kept ``rollout.progress``,
+    and their CRD kept it in the status: upgraded from one mid-trial, the controller
+    resumes the trial, the field dropped, rather than stopping with the trial's config
+    left serving."""
     body, policy, pod = tuning_cr(kube, cluster, prom, tmp_path)
     now = [1_000_000.0]
     with serving(pod):

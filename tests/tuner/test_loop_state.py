@@ -192,8 +192,8 @@ def test_an_unknown_field_at_any_depth_is_named_with_the_version_hint(
 
 def test_a_field_an_older_slopilot_wrote_and_this_one_removed_is_ignored(
         caplog: pytest.LogCaptureFixture) -> None:
-    """``RolloutWatch.progress`` was written by the operator of 2026-12-06 (3ae5b139)
-    while it watched a rollout: a state it left mid-rollout is resumed, the field
+    """``RolloutWatch.progress`` was written by the builds of 2026-12-06 from 16de31b3
+    until a5dc8754 while they watched a rollout: a state it left mid-rollout is resumed, the field
     dropped with a warning, rather than refused with the controller stopped."""
     with caplog.at_level("WARNING", logger="slopilot.tuner.loop.state"):
         state = LoopState.from_dict({"rollout": {**WATCH, "progress": "1/1 updated"}})

@@ -371,9 +371,9 @@ def _nested(cls: type[Any], values: Mapping[str, Any], name: str) -> Any:
 
 
 REMOVED_FIELDS: dict[type, dict[str, str]] = {
-    RolloutWatch: {"progress": "the rollout's progress as one text, written by the "
-                               "operator of 2026-12-06 (3ae5b139) until the counts "
-                               "replaced it; the watch reads them again at its next look"},
+    RolloutWatch: {"progress": "the rollout's progress as one text, which builds of "
+                               "2026-12-06 from 16de31b3 until a5dc8754 wrote before the "
+                               "counts replaced it; the watch reads them at its next look"},
 }
 """Fields a released slopilot wrote and a later one removed, per class, and why each is
 safe to drop: an older operator's state on a CR (a CRD of its time keeps them) is
