@@ -113,8 +113,12 @@ class _ReadTime:
             self.lag = connection_lag(transport)
 
     def __call__(self) -> float:
-        now = self.clock()
-        return now if self.lag is None else now - self.lag()
+        if self.lag is None:
+            return self.clock()
+        # The lag first, then the clock: a delay between the two (a preemption, a slow
+        # getsockopt) makes the stamp later, a TTFT too low, never one too high.
+        lag = self.lag()
+        return self.clock() - lag
 
 
 def h11_protocol(clock: Clock, backdate: bool = False) -> type[H11Protocol]:

@@ -182,3 +182,21 @@ def test_a_head_split_over_two_reads_is_stamped_by_the_first(
         await conn.answer("/two", at=9.0)
 
     assert _run(factory, script) == {"/one": 1.0, "/two": 8.0}
+
+
+def test_a_stamp_read_around_a_delay_errs_later_never_earlier() -> None:
+    """The kernel's lag is read first, then the clock: a preemption between the two (or a
+    slow getsockopt) moves the stamp later, never earlier (a TTFT reported too high)."""
+    from slopilot.engine.http_arrival import _ReadTime
+
+    now = [100.0]
+
+    def lag() -> float:  # the getsockopt, the thread preempted 5 s inside it
+        now[0] += 5.0
+        return 2.0
+
+    read_time = _ReadTime(lambda: now[0], backdate=True)
+    read_time.lag = lag
+    # The kernel measured its 2 s somewhere in 100..105: the bytes came in 98..103; the
+    # stamp takes the latest, where reading the clock first took the earliest.
+    assert read_time() == 103.0
