@@ -6,7 +6,10 @@ namespace's uid: the same name created again is a new namespace), made again whe
 was deleted while its namespace stays, and not tried in a namespace being deleted (the
 API server refuses any create there). A create refused otherwise (the namespace's
 RoleBinding not made yet) is tried again after a capped exponential backoff, per
-namespace: soon after a RoleBinding made a moment late, rarely for one never made.
+namespace: soon after a RoleBinding made a moment late, rarely for one never made. An
+object deleted again soon after it was made again (a tenant allowed to delete it) is made
+again after the same backoff: the first deletion is made good at once, each further one
+within ``REMAKE_CALM_S`` of the last re-create waits twice as long, up to the cap.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ RETRY_FIRST_S = 5.0
 """The wait before a refused create's first retry; doubled at each refusal after it..."""
 RETRY_CAP_S = 300.0
 """...up to this."""
+REMAKE_CALM_S = RETRY_CAP_S
+"""A deletion this long after the object was last made again is made good at once."""
 
 
 class LeftOut(Protocol):
@@ -52,6 +57,7 @@ class _Retry:
     uid: str
     delay_s: float
     at: float
+    peering_deleted: bool = False
 
 
 @dataclass
@@ -71,6 +77,9 @@ class PeeringKeeper:
     namespaces: dict[str, dict[str, Any]] = field(default_factory=dict)
     """namespace -> its latest object, for each served one."""
     retries: dict[str, _Retry] = field(default_factory=dict)
+    remade: dict[str, _Retry] = field(default_factory=dict)
+    """namespace -> when its object, deleted, was (or is to be) made again, and the backoff
+    that time."""
     warned: dict[str, str] = field(default_factory=dict)
     """namespace -> the uid and cause last warned about (one warning for each)."""
     _lock: threading.RLock = field(default_factory=threading.RLock)
@@ -102,22 +111,35 @@ class PeeringKeeper:
     def peering_gone(self, ns: str) -> None:
         """The object in ``ns`` was deleted: made again where the namespace stays."""
         with self._lock:
-            if self.made.pop(ns, None) is not None and ns in self.namespaces:
-                # A listing may also be older than a create just made: ensure_one GETs
-                # before it creates.
-                log.debug("the KopfPeering %s/%s is gone: made again", ns, self.name)
-                self._seen(self.namespaces[ns], "MODIFIED", peering_deleted=True)
+            uid = self.made.pop(ns, None)
+            if uid is None or ns not in self.namespaces:
+                return
+            now, last = self.clock(), self.remade.get(ns)
+            delay = (0.0 if last is None or last.uid != uid or now - last.at >= REMAKE_CALM_S
+                     else RETRY_FIRST_S if not last.delay_s
+                     else min(last.delay_s * 2, RETRY_CAP_S))
+            self.remade[ns] = _Retry(uid, delay, now + delay)
+            if delay:  # deleted again soon after it was made again: retry_due makes it
+                log.debug("the KopfPeering %s/%s is gone again: made again in %.0f s",
+                          ns, self.name, delay)
+                self.retries[ns] = _Retry(uid, delay, now + delay, peering_deleted=True)
+                return
+            # A listing may also be older than a create just made: ensure_one GETs
+            # before it creates.
+            log.debug("the KopfPeering %s/%s is gone: made again", ns, self.name)
+            self._seen(self.namespaces[ns], "MODIFIED", peering_deleted=True)
 
     def retry_due(self) -> None:
         """Each refused create whose retry's time has come, tried again."""
         with self._lock:
             now = self.clock()
-            for ns in [ns for ns, r in self.retries.items() if r.at <= now]:
+            for ns, retry in [(ns, r) for ns, r in self.retries.items() if r.at <= now]:
                 if ns in self.namespaces:
-                    self._seen(self.namespaces[ns], "MODIFIED")
+                    self._seen(self.namespaces[ns], "MODIFIED",
+                               peering_deleted=retry.peering_deleted)
 
     def _gone(self, ns: str) -> None:
-        for known in (self.made, self.namespaces, self.retries, self.warned):
+        for known in (self.made, self.namespaces, self.retries, self.remade, self.warned):
             known.pop(ns, None)
         if self.left_out is not None:
             self.left_out.reopen(ns)

@@ -376,3 +376,49 @@ def test_a_namespace_left_out_at_the_start_is_served_by_kopf_once_created_again(
              what="the new team-b's Deployment")
     assert peering_in(cluster, "team-b") is not None
     assert op.stop() == 0, op.output()
+
+
+def test_a_peering_object_deleted_again_and_again_is_made_again_with_a_backoff() -> None:
+    """A tenant allowed to delete its namespace's KopfPeering deletes it as soon as it is
+    made: the first is made again at once, each further one within a short time after a
+    backoff doubling up to a cap (each was a GET and a POST at once), and after a calm
+    the next is made again at once."""
+    from slopilot.operator.peering_needs import (
+        REMAKE_CALM_S,
+        RETRY_CAP_S,
+        RETRY_FIRST_S,
+        PeeringKeeper,
+    )
+
+    kube = Refusing()
+    kube.refuse = False
+    keeper = PeeringKeeper(kube, PEERING, serving(["team-*"]),  # type: ignore[arg-type]
+                           clock=lambda: kube.now)
+    keeper.seen(namespace("team-a", uid="u1"))
+    keeper.peering_gone("team-a")
+    assert kube.creates == [0.0, 0.0]  # the first deletion: made again at once
+    for _ in range(1000):
+        keeper.peering_gone("team-a")
+        keeper.retry_due()
+    assert kube.creates == [0.0, 0.0]  # not yet: deleted again at once, after a backoff
+    expected, delay = [0.0, 0.0], RETRY_FIRST_S
+    for _ in range(8):
+        kube.now += delay - 0.5
+        keeper.retry_due()
+        keeper.seen(namespace("team-a", uid="u1"), "MODIFIED")
+        assert kube.creates == expected
+        kube.now += 0.5
+        keeper.retry_due()
+        expected.append(kube.now)
+        assert kube.creates == expected
+        keeper.peering_gone("team-a")  # the tenant deletes it again at once
+        delay = min(delay * 2, RETRY_CAP_S)
+    assert delay == RETRY_CAP_S
+    # Left alone a while after it was last made, the next deletion is made good at once.
+    kube.now += delay
+    keeper.retry_due()
+    expected.append(kube.now)
+    kube.now += REMAKE_CALM_S
+    keeper.peering_gone("team-a")
+    expected.append(kube.now)
+    assert kube.creates == expected
