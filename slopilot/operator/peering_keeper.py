@@ -18,8 +18,14 @@ stays (kopf does not pause then, but its replicas there stop seeing each other),
 a refused create again after a backoff. Where the peering objects may not be watched,
 each listing of namespaces checks each served one's object instead (a GET a minute).
 
-Nothing here stops the operator; the operator's stop ends it at once: the stop closes the
-open watches (watch_stream.py), and ``keep_peerings`` returns once its threads have ended.
+A watch the API server (or a proxy in front of it) ends at once with no event, or with
+its version expired (410), is listed again after a backoff, as client-go's reflector does:
+1 s doubling up to 30 s, back to none after a watch that told events or lived 30 s.
+
+Nothing here stops the operator. The operator's stop closes the open watches at once
+(watch_stream.py) and ends each wait; a LIST in flight is not cut (up to the API call's
+timeout), so ``keep_peerings`` returns once its threads have ended or ``JOIN_S`` after the
+stop, whichever comes first, and a thread left behind makes nothing of what it reads.
 """
 
 from __future__ import annotations
@@ -27,7 +33,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 from slopilot.operator.api_reach import MAX_RETRY_S
 from slopilot.operator.kubeapi import ApiError, Kube
@@ -38,10 +45,15 @@ from slopilot.operator.watch_stream import OpenWatches, watch_events
 log = logging.getLogger(__name__)
 RESYNC_S = 60
 """How long one watch lasts before its collection is listed again."""
+RELIST_FIRST_S = 1.0
+"""The wait before listing again after a watch that ended at once with no event..."""
+RELIST_CAP_S = 30.0
+"""...doubled at each such watch up to this; a watch that told an event or lived this long
+resets it."""
 JOIN_S = 5.0
-"""How long a stop waits for each of the keeper's threads (each ends at once: its watch
-closed, its waits the stop's); a daemon thread past that."""
-STOP_WITHIN_S = 4 * JOIN_S
+"""How long a stop waits for the keeper's threads, all together (each ends at once but
+one in a LIST: its watch closed, its waits the stop's); a daemon thread past that."""
+STOP_WITHIN_S = 2 * JOIN_S
 """The most the operator's stop waits for ``keep_peerings`` to return."""
 NAMESPACES = "/api/v1/namespaces"
 PEERINGS = f"/apis/{API_VERSION}/kopfpeerings"
@@ -54,7 +66,7 @@ def keep_peerings(kube: Kube, name: str, served: Callable[[str], bool],
     """Keep a peering object in each served namespace until ``stop`` (module docstring);
     returns once its threads have ended. ``left_out``: the namespaces left out of kopf's
     patterns at the start, each put back once gone."""
-    keeper = PeeringKeeper(kube, name, served, left_out=left_out, clock=clock)
+    keeper = PeeringKeeper(kube, name, served, left_out=left_out, clock=clock, stop=stop)
     watches = OpenWatches()
     threads = [threading.Thread(target=job, args=(keeper, stop, watches, resync_s),
                                 name=f"peering-keeper-{what}", daemon=True)
@@ -64,25 +76,59 @@ def keep_peerings(kube: Kube, name: str, served: Callable[[str], bool],
         thread.start()
     stop.wait()
     watches.close_all()
+    join_within(threads, JOIN_S)
+
+
+def join_within(threads: Iterable[threading.Thread], within_s: float,
+                clock: Callable[[], float] = time.monotonic) -> None:
+    """Each of ``threads`` joined, all within ``within_s`` from now (one after another,
+    each its own timeout, a stop waited for them in turn)."""
+    deadline = clock() + within_s
     for thread in threads:
-        thread.join(JOIN_S)
+        thread.join(max(0.0, deadline - clock()))
+
+
+@dataclass
+class _Relist:
+    """The backoff before listing again after watches that ended at once, told nothing."""
+
+    clock: Callable[[], float]
+    delay_s: float = 0.0
+
+    def after(self, began: float, events: int) -> float:
+        """The wait before the next LIST, after a watch that began at ``began``."""
+        if events or self.clock() - began >= RELIST_CAP_S:
+            self.delay_s = 0.0
+        else:
+            self.delay_s = min(self.delay_s * 2, RELIST_CAP_S) or RELIST_FIRST_S
+        return self.delay_s
 
 
 def _namespaces(keeper: PeeringKeeper, stop: threading.Event, watches: OpenWatches,
                 resync_s: int) -> None:
+    relist = _Relist(keeper.clock)
     while not stop.is_set():
+        began, events = keeper.clock(), 0
         try:
             listing = keeper.kube.request("GET", NAMESPACES)
+            if stop.is_set():  # answered after the stop: nothing made of it
+                return
             keeper.listed(listing.get("items") or [])
             version = str((listing.get("metadata") or {}).get("resourceVersion", ""))
             del listing
+            began = keeper.clock()
             for event in watch_events(keeper.kube, NAMESPACES, version=version,
                                       timeout_s=resync_s, watches=watches):
+                events += 1
                 if event.get("type") in ("ADDED", "MODIFIED", "DELETED"):
                     keeper.seen(event["object"], event["type"])
-            continue  # the watch ran its time (or the stop closed it): listed again
+            # The watch ran its time (or the stop closed it): listed again, at once
+            # unless it ended at once.
+            _pause(stop, relist.after(began, events))
+            continue
         except ApiError as exc:
-            if exc.status == 410:  # the watch's version expired: listed again at once
+            if exc.status == 410:  # the watch's version expired: listed again
+                _pause(stop, relist.after(began, events))
                 continue
             if exc.status == 403:
                 log.warning("slopilot operator: may not list or watch namespaces (%s): a "
@@ -101,24 +147,32 @@ def _namespaces(keeper: PeeringKeeper, stop: threading.Event, watches: OpenWatch
 def _peerings(keeper: PeeringKeeper, stop: threading.Event, watches: OpenWatches,
               resync_s: int) -> None:
     warned = False
+    relist = _Relist(keeper.clock)
     while not stop.is_set():
         wait_s = MAX_RETRY_S
+        began, events = keeper.clock(), 0
         try:
             listing = keeper.kube.request("GET", PEERINGS)
+            if stop.is_set():  # answered after the stop: nothing made of it
+                return
             keeper.peerings_listed([
                 str(p["metadata"].get("namespace")) for p in listing.get("items") or []
                 if p.get("metadata", {}).get("name") == keeper.name])
             version = str((listing.get("metadata") or {}).get("resourceVersion", ""))
             del listing
             warned = False
+            began = keeper.clock()
             for event in watch_events(keeper.kube, PEERINGS, version=version,
                                       timeout_s=resync_s, watches=watches):
+                events += 1
                 meta = (event.get("object") or {}).get("metadata") or {}
                 if event.get("type") == "DELETED" and meta.get("name") == keeper.name:
                     keeper.peering_gone(str(meta.get("namespace")))
+            _pause(stop, relist.after(began, events))
             continue
         except ApiError as exc:
             if exc.status == 410:
+                _pause(stop, relist.after(began, events))
                 continue
             if exc.status == 403:  # an install from before this grant: checked by GETs
                 keeper.recheck, wait_s = True, resync_s
@@ -135,6 +189,11 @@ def _peerings(keeper: PeeringKeeper, stop: threading.Event, watches: OpenWatches
         except Exception as exc:  # the thread must not die: one deleted stays deleted
             log.warning("slopilot operator: list or watch of KopfPeerings failed (%s); "
                         "listed again in %.0f s", exc, MAX_RETRY_S)
+        stop.wait(wait_s)
+
+
+def _pause(stop: threading.Event, wait_s: float) -> None:
+    if wait_s:  # the stop's own wait: the stop ends it
         stop.wait(wait_s)
 
 

@@ -69,6 +69,9 @@ class PeeringKeeper:
     served: Callable[[str], bool]
     left_out: LeftOut | None = None
     clock: Callable[[], float] = time.monotonic
+    stop: threading.Event = field(default_factory=threading.Event)
+    """The operator's stop: once set, nothing more is made (a thread left behind by it, its
+    LIST answered late, acts on nothing)."""
     recheck: bool = False
     """Set while the peering objects may not be watched: each listing of namespaces then
     checks each served one's object (a GET each), so one deleted by hand is made again."""
@@ -162,6 +165,8 @@ class PeeringKeeper:
             return
         retry = self.retries.get(ns)
         if retry is not None and retry.uid == uid and self.clock() < retry.at:
+            return
+        if self.stop.is_set():
             return
         try:
             ensure_one(self.kube, self.name, ns)

@@ -422,3 +422,152 @@ def test_a_peering_object_deleted_again_and_again_is_made_again_with_a_backoff()
     keeper.peering_gone("team-a")
     expected.append(kube.now)
     assert kube.creates == expected
+
+
+class Stop(threading.Event):
+    """An operator's stop whose waits return at once, each recorded; set after ``limit``
+    of them (or by the test)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.waits: list[float | None] = []
+        self.limit = limit
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waits.append(timeout)
+        if len(self.waits) >= self.limit:
+            self.set()
+        return self.is_set()
+
+
+class Listing:
+    """A Kube whose LISTs answer at once, counted; a stop set after ``limit`` of them (a
+    keeper that never waits between LISTs ends there)."""
+
+    def __init__(self, stop: threading.Event, limit: int = 50,
+                 items: list[dict[str, Any]] | None = None) -> None:
+        self.stop, self.limit, self.items = stop, limit, items or []
+        self.lists = 0
+        self.creates: list[str] = []
+
+    def request(self, method: str, path: str, *_args: Any, **_kwargs: Any) -> dict[str, Any]:
+        self.lists += 1
+        if self.lists >= self.limit:
+            self.stop.set()
+        return {"metadata": {"resourceVersion": "1"}, "items": self.items}
+
+    def get(self, *_args: Any) -> None:
+        return None
+
+    def create(self, _api_version: str, _plural: str, ns: str, _body: Any) -> dict[str, Any]:
+        self.creates.append(ns)
+        return {}
+
+
+def watches_that(monkeypatch: pytest.MonkeyPatch, clock: list[float],
+                 ends: list[str]) -> None:
+    """Each watch the keeper opens ends as the next of ``ends`` says, at once: "closed"
+    (200, no event), "410" (its version expired), "event" (one event first), "long"
+    (closed after 60 s on ``clock``); the last repeats."""
+    from slopilot.operator import peering_keeper
+
+    def watch(*_args: Any, **_kwargs: Any) -> Iterator[dict[str, Any]]:
+        end = ends.pop(0) if len(ends) > 1 else ends[0]
+        if end == "410":
+            raise ApiError(410, "Gone", "too old resource version")
+        if end == "event":
+            yield {"type": "DELETED", "object": namespace("other", namespace="other")}
+        if end == "long":
+            clock[0] += 60.0
+
+    monkeypatch.setattr(peering_keeper, "watch_events", watch)
+
+
+JOBS = [pytest.param("_namespaces", id="namespaces"), pytest.param("_peerings", id="peerings")]
+
+
+@pytest.mark.parametrize("end", ["closed", "410"])
+@pytest.mark.parametrize("job", JOBS)
+def test_a_watch_ending_at_once_is_listed_again_after_a_backoff(
+        monkeypatch: pytest.MonkeyPatch, job: str, end: str) -> None:
+    """An API server (or a proxy) ending each watch at once had the keeper LIST the whole
+    cluster's namespaces (or KopfPeerings) again at once: ~100,000 LISTs a second. As
+    client-go's reflector, it waits 1 s doubling up to 30 s, on the operator's stop."""
+    from slopilot.operator import peering_keeper
+    from slopilot.operator.peering_needs import PeeringKeeper
+    from slopilot.operator.watch_stream import OpenWatches
+
+    clock = [0.0]
+    stop = Stop(limit=8)
+    kube = Listing(stop)
+    watches_that(monkeypatch, clock, [end])
+    keeper = PeeringKeeper(kube, PEERING, serving([]),  # type: ignore[arg-type]
+                           clock=lambda: clock[0])
+    getattr(peering_keeper, job)(keeper, stop, OpenWatches(), 60)
+    assert stop.waits == [1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 30.0]
+    assert kube.lists == 8
+
+
+@pytest.mark.parametrize("job", JOBS)
+def test_a_watch_that_lived_long_or_told_events_resets_the_backoff(
+        monkeypatch: pytest.MonkeyPatch, job: str) -> None:
+    from slopilot.operator import peering_keeper
+    from slopilot.operator.peering_needs import PeeringKeeper
+    from slopilot.operator.watch_stream import OpenWatches
+
+    clock = [0.0]
+    stop = Stop(limit=5)
+    kube = Listing(stop)
+    watches_that(monkeypatch, clock,
+                 ["closed", "closed", "event", "closed", "410", "long", "closed"])
+    keeper = PeeringKeeper(kube, PEERING, serving([]),  # type: ignore[arg-type]
+                           clock=lambda: clock[0])
+    getattr(peering_keeper, job)(keeper, stop, OpenWatches(), 60)
+    assert stop.waits == [1.0, 2.0, 1.0, 2.0, 1.0]
+    assert kube.lists == 7
+
+
+@pytest.mark.parametrize("job", JOBS)
+def test_a_listing_answered_after_the_stop_is_acted_on_no_more(job: str) -> None:
+    """A LIST in flight is not cut by the stop (up to REQUEST_TIMEOUT_S): its thread,
+    left behind, makes nothing of its answer."""
+    from slopilot.operator import peering_keeper
+    from slopilot.operator.peering_needs import PeeringKeeper
+    from slopilot.operator.watch_stream import OpenWatches
+
+    stop = Stop(limit=1)
+    kube = Listing(stop, limit=1, items=[namespace("team-a", uid="u1")]
+                   if job == "_namespaces" else [])
+    keeper = PeeringKeeper(kube, PEERING, serving(["team-*"]),  # type: ignore[arg-type]
+                           stop=stop)
+    if job == "_peerings":  # made before; the stop comes while the LIST is in flight
+        keeper.seen(namespace("team-a", uid="u1"))
+        assert kube.creates == ["team-a"]
+        kube.creates.clear()
+    getattr(peering_keeper, job)(keeper, stop, OpenWatches(), 60)
+    assert kube.creates == []
+    keeper.retry_due()
+    keeper.seen(namespace("team-b", uid="u2"))
+    assert kube.creates == []
+
+
+class Joined:
+    """A keeper's thread that does not end: each join takes its whole timeout."""
+
+    def __init__(self, clock: list[float]) -> None:
+        self.clock, self.timeouts = clock, list[float | None]()
+
+    def join(self, timeout: float | None = None) -> None:
+        self.timeouts.append(timeout)
+        self.clock[0] += timeout or 0.0
+
+
+def test_the_keepers_threads_are_joined_within_one_deadline() -> None:
+    """Joined one after another, JOIN_S each, a stop while LISTs hung waited for them all
+    in turn (10 s where the docstring said at once)."""
+    from slopilot.operator.peering_keeper import JOIN_S, join_within
+
+    clock = [0.0]
+    threads = [Joined(clock) for _ in range(3)]
+    join_within(threads, JOIN_S, clock=lambda: clock[0])  # type: ignore[arg-type]
+    assert [t.timeouts for t in threads] == [[JOIN_S], [0.0], [0.0]]
