@@ -81,8 +81,8 @@ def keep_peerings(kube: Kube, name: str, served: Callable[[str], bool],
 
 def join_within(threads: Iterable[threading.Thread], within_s: float,
                 clock: Callable[[], float] = time.monotonic) -> None:
-    """Each of ``threads`` joined, all within ``within_s`` from now (one after another,
-    each its own timeout, a stop waited for them in turn)."""
+    """Each of ``threads`` joined, all within ``within_s`` from now: each joined with a
+    timeout of its own, a stop waited for the threads in a LIST one after another."""
     deadline = clock() + within_s
     for thread in threads:
         thread.join(max(0.0, deadline - clock()))
