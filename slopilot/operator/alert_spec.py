@@ -14,7 +14,7 @@ from typing import Any
 from slopilot.engine.alert_factors import AlertFactors
 from slopilot.engine.slo import SLOSpec
 from slopilot.operator.pod_layout import SCRAPE_INTERVAL_S
-from slopilot.tuner.prometheus.alert_table import rate_window_for
+from slopilot.tuner.prometheus.alert_table import MAX_SAID_SCRAPE_INTERVAL_S, rate_window_for
 from slopilot.tuner.prometheus.rules import LatencySources, RuleError, RuleOptions
 
 # spec.alerts field -> RuleOptions field. The holds are durations, the two counts integers.
@@ -30,9 +30,8 @@ INTEGER_FIELDS = frozenset({"tbtPeriods", "waitingMin"})
 DURATION_FIELDS = frozenset({"holdFor", "sustainedBreachWindow", "scrapeInterval"})
 DEFAULT_SCRAPE_INTERVAL_S = SCRAPE_INTERVAL_S
 """What ``spec.alerts.scrapeInterval`` defaults to: the ServiceMonitor's."""
-MAX_SCRAPE_INTERVAL_S = 120
-"""The longest ``scrapeInterval``: 8 minute rates. Past a few minutes Prometheus's 5 m
-lookback loses the gauges between scrapes, which no window can mend."""
+MAX_SCRAPE_INTERVAL_S = MAX_SAID_SCRAPE_INTERVAL_S
+"""The longest ``scrapeInterval`` (``alert_table.MAX_SAID_SCRAPE_INTERVAL_S``)."""
 
 
 def alert_options(values: Mapping[str, Any]) -> tuple[RuleOptions, list[str]]:

@@ -20,6 +20,7 @@ from slopilot.tuner.prometheus.clock_offset import PrometheusClock
 from slopilot.tuner.prometheus.query import query_at
 from slopilot.tuner.prometheus.scrape_interval import (
     MAX_SCRAPE_INTERVAL_S,
+    ScrapeInterval,
     scrape_interval,
 )
 from slopilot.tuner.study.evaluator import WindowRejected
@@ -164,3 +165,13 @@ def test_tuning_turned_off_drops_the_condition(enabled: bool) -> None:
         ConditionType.SCRAPE_INTERVAL, False, "TooLong", "every 60 s", 1)]}
     kept = [c["type"] for c in status_of(body, Outcome())["conditions"]]
     assert (ConditionType.SCRAPE_INTERVAL.value in kept) is enabled
+
+
+def test_the_advice_names_only_an_interval_the_field_takes() -> None:
+    """Past spec.alerts.scrapeInterval's 2m no value of it fits: the advice is the scrape
+    job's; within it, the measured interval rounded up."""
+    slow = ScrapeInterval("10.0.0.1:8000", 150.0, 5, most_s=30.0).problem()
+    assert "set spec.alerts.scrapeInterval to" not in slow
+    assert "at most 2m" in slow and "scrape_interval: 15s" in slow
+    near = ScrapeInterval("10.0.0.1:8000", 44.6, 5, most_s=30.0).problem()
+    assert "set spec.alerts.scrapeInterval to 45s" in near

@@ -178,6 +178,10 @@ STALL_LOOKBACK_S = 300
 """The window a replica's tokens are judged over where the rate window holds fewer than
 two of its samples (``rules._Renderer.stalled_replicas``): two at any scrape interval up
 to 2.5 minutes, Prometheus's default 60 s among them."""
+MAX_SAID_SCRAPE_INTERVAL_S = 120
+"""The longest scrape interval a deployment may say (``spec.alerts.scrapeInterval``): 8
+minute rates. Past a few minutes Prometheus's 5 m lookback loses the gauges between
+scrapes, which no window can mend."""
 MIN_RATE_SCRAPES = 4
 """The scrape intervals a rate's range spans at least (Prometheus's own guidance): one
 failed scrape, or one scrape late, still leaves it three samples. A review's promtool runs

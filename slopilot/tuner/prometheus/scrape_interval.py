@@ -24,9 +24,13 @@ import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from slopilot.tuner.prometheus.alert_table import MIN_RATE_SCRAPES, RuleOptions
+from slopilot.tuner.prometheus.alert_table import (
+    MAX_SAID_SCRAPE_INTERVAL_S,
+    MIN_RATE_SCRAPES,
+    RuleOptions,
+)
 from slopilot.tuner.prometheus.query import QueryAt
-from slopilot.tuner.prometheus.rules import render_selector
+from slopilot.tuner.prometheus.rules import duration, render_selector
 
 MAX_SCRAPE_INTERVAL_S = RuleOptions().max_scrape_interval_s
 """The longest scrape interval the default rules read (15 s): four in every 60 s rate. A
@@ -66,15 +70,25 @@ class ScrapeInterval:
         return (f"Prometheus scrapes {self.instance} every {self.interval_s:.0f} s "
                 f"(median gap of its last {self.samples} up samples)")
 
+    def _said(self) -> str:
+        """The advice to say the interval, where the field takes it."""
+        whole_s = math.ceil(self.interval_s)
+        if whole_s <= MAX_SAID_SCRAPE_INTERVAL_S:
+            return (f"set spec.alerts.scrapeInterval to {whole_s}s (the rates then span "
+                    f"{MIN_RATE_SCRAPES} scrapes), or ")
+        # No value of the field fits: only a faster scrape job mends it.
+        return (f"spec.alerts.scrapeInterval takes at most "
+                f"{duration(MAX_SAID_SCRAPE_INTERVAL_S)}, so the pods must be scraped at "
+                f"most every {duration(MAX_SAID_SCRAPE_INTERVAL_S)}: ")
+
     def problem(self) -> str:
         """What breaks and the fix, for a status or a rejected window."""
         rate_s = self.most_s * MIN_RATE_SCRAPES
         return (f"{self.describe()}, longer than the {self.most_s:.0f} s the recording "
                 f"rules read: their {rate_s:.0f} s rates need {MIN_RATE_SCRAPES} samples, "
                 "so a failed scrape clears the alerts, or they read no data, the alerts "
-                "never fire and the loop never acts; set spec.alerts.scrapeInterval to "
-                f"{self.interval_s:.0f}s (the rates then span {MIN_RATE_SCRAPES} scrapes), "
-                "or scrape_interval: 15s on the scrape job of these pods, or let "
+                f"never fire and the loop never acts; {self._said()}"
+                "scrape_interval: 15s on the scrape job of these pods, or let "
                 "prometheus-operator scrape them with the operator's ServiceMonitor "
                 "(every 15 s)")
 
