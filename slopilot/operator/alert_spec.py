@@ -15,7 +15,7 @@ from slopilot.engine.alert_factors import AlertFactors
 from slopilot.engine.slo import SLOSpec
 from slopilot.operator.pod_layout import SCRAPE_INTERVAL_S
 from slopilot.tuner.prometheus.alert_table import MAX_SAID_SCRAPE_INTERVAL_S, rate_window_for
-from slopilot.tuner.prometheus.rules import LatencySources, RuleError, RuleOptions
+from slopilot.tuner.prometheus.rules import LatencySources, RuleError, RuleOptions, duration
 
 # spec.alerts field -> RuleOptions field. The holds are durations, the two counts integers.
 # ``scrapeInterval`` is no field of its own there: it sets ``rate_window_s``.
@@ -34,8 +34,15 @@ MAX_SCRAPE_INTERVAL_S = MAX_SAID_SCRAPE_INTERVAL_S
 """The longest ``scrapeInterval`` (``alert_table.MAX_SAID_SCRAPE_INTERVAL_S``)."""
 
 
-def alert_options(values: Mapping[str, Any]) -> tuple[RuleOptions, list[str]]:
-    """RuleOptions from ``{camelCase field: value}``; the defaults and problems where bad."""
+OLD_SCHEMA_BREACH_WINDOW_S = 300
+"""What the CRD once stored in every CR's ``sustainedBreachWindow`` as its default (it
+has none now): under a long interval's rate window such a CR is read as having none."""
+
+
+def alert_options(values: Mapping[str, Any], warnings: list[str] | None = None
+                  ) -> tuple[RuleOptions, list[str]]:
+    """RuleOptions from ``{camelCase field: value}``; the defaults and problems where bad.
+    A field read in another meaning than written appends to ``warnings``."""
     given = {ALERT_FIELDS[k]: v for k, v in values.items()}
     defaults = RuleOptions()
     scrape_s = given.pop(SCRAPE_FIELD, None)
@@ -48,6 +55,21 @@ def alert_options(values: Mapping[str, Any]) -> tuple[RuleOptions, list[str]]:
         # Rates over four scrapes (``MIN_RATE_SCRAPES``); the sustained rows' window, left
         # at its default, at least as long.
         given["rate_window_s"] = rate_window_for(scrape_s, defaults.rate_window_s)
+        rate_s = given["rate_window_s"]
+        if given.get("breach_window_s") == OLD_SCHEMA_BREACH_WINDOW_S < rate_s:
+            # Written or stored by the old schema default, the API server cannot tell
+            # (it refuses it now): refusing would leave an upgraded CR without rules.
+            del given["breach_window_s"]
+            if warnings is not None:
+                warnings.append(
+                    f"spec.alerts.sustainedBreachWindow="
+                    f"{duration(OLD_SCHEMA_BREACH_WINDOW_S)!r} is under the "
+                    f"{duration(rate_s)} rate window of spec.alerts.scrapeInterval="
+                    f"{duration(scrape_s)!r}: read as left out (the CRD once stored "
+                    f"{duration(OLD_SCHEMA_BREACH_WINDOW_S)} in every CR), the rules use "
+                    f"{duration(max(defaults.breach_window_s, rate_s))}; remove the field, "
+                    f"or set at least {duration(rate_s)} (the API server refuses it on "
+                    "the CR's next change)")
         given.setdefault("breach_window_s",
                          max(defaults.breach_window_s, given["rate_window_s"]))
     warn = given.get("ttft_warning_factor", defaults.ttft_warning_factor)

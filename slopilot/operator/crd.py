@@ -73,7 +73,7 @@ from slopilot.tuner.loop.settings import (
     DEFAULT_MAX_TRIAL_S,
     MAX_CLASS_REQUESTS,
 )
-from slopilot.tuner.prometheus.alert_table import MAX_DURATION_S, MAX_WAITING
+from slopilot.tuner.prometheus.alert_table import MAX_DURATION_S, MAX_WAITING, MIN_RATE_SCRAPES
 from slopilot.tuner.prometheus.rules import RuleOptions, duration
 from slopilot.tuner.study.bounds import DEFAULT_BOUNDS, IntRange
 
@@ -188,8 +188,12 @@ def _alerts_schema() -> dict[str, Any]:
             "this window (not the 60 s of the others) retunes once it has held for the "
             "longer of this window and holdFor, so a lasting breach under the thresholds "
             "that act at once is not left alone, even when single 60 s windows flap under "
-            "the SLO now and then.",
-            d.rate_window_s, MAX_DURATION_S, whole=True, default=duration(d.breach_window_s)),
+            "the SLO now and then. Left out: "
+            f"{duration(d.breach_window_s)}, or the rate window (four scrapeInterval) where "
+            "that is longer; at least the rate window.",
+            # No schema default: the operator's depends on scrapeInterval, and a stored
+            # 5m would refuse every interval over 75s.
+            d.rate_window_s, MAX_DURATION_S, whole=True),
         "scrapeInterval": _duration(
             "How often Prometheus scrapes these pods: the ServiceMonitor's 15s, or your own "
             "scrape job's where it scrapes them instead (a 30s job is common). Every rate "
@@ -204,13 +208,23 @@ def _alerts_schema() -> dict[str, Any]:
         "waitingMin": _int("... while more requests than this wait (seeds: 100).", 0,
                            MAX_WAITING, default=d.waiting_min),
     }
-    return _cel(_obj({k: desc[k] for k in ALERT_FIELDS}, default={},
-                     desc="Alert thresholds; the defaults are the seeds' table "
-                          "(docs/operations.md, Alerts)."),
-                "!has(self.ttftWarningFactor) || !has(self.ttftRetuneFactor) || "
-                "self.ttftWarningFactor <= self.ttftRetuneFactor",
-                "ttftWarningFactor must not exceed ttftRetuneFactor: the warning (inform) "
-                "comes before the retune")
+    alerts = _cel(_obj({k: desc[k] for k in ALERT_FIELDS}, default={},
+                       desc="Alert thresholds; the defaults are the seeds' table "
+                            "(docs/operations.md, Alerts)."),
+                  "!has(self.ttftWarningFactor) || !has(self.ttftRetuneFactor) || "
+                  "self.ttftWarningFactor <= self.ttftRetuneFactor",
+                  "ttftWarningFactor must not exceed ttftRetuneFactor: the warning (inform) "
+                  "comes before the retune")
+    # alert_options' cross-field rule: the sustained rows' window spans at least the rate
+    # window, MIN_RATE_SCRAPES scrapes (its own 1m floor is the field's minimum).
+    alerts["x-kubernetes-validations"].append({
+        "rule": "!has(self.sustainedBreachWindow) || !has(self.scrapeInterval) || "
+                "duration(self.sustainedBreachWindow).getSeconds() >= "
+                f"{MIN_RATE_SCRAPES} * duration(self.scrapeInterval).getSeconds()",
+        "message": f"sustainedBreachWindow must be at least {MIN_RATE_SCRAPES} x "
+                   "scrapeInterval (the rules' rate window); leave it out for the longer "
+                   f"of {duration(d.breach_window_s)} and that"})
+    return alerts
 
 
 def _spec_schema() -> dict[str, Any]:

@@ -184,7 +184,7 @@ def _slo(spec: Mapping[str, Any], profile: Profile, r: SpecReader) -> SLOSpec:
     return slo
 
 
-def _alerts(spec: Mapping[str, Any], r: SpecReader) -> RuleOptions:
+def _alerts(spec: Mapping[str, Any], r: SpecReader, warnings: list[str]) -> RuleOptions:
     """``spec.alerts`` as the alert table's RuleOptions (alert_spec.py judges them)."""
     values: dict[str, Any] = {}
     for camel in ALERT_FIELDS:
@@ -202,7 +202,7 @@ def _alerts(spec: Mapping[str, Any], r: SpecReader) -> RuleOptions:
                               "its rules at whole-second intervals)")
             continue
         values[camel] = int(seconds)
-    options, problems = alert_options(values)
+    options, problems = alert_options(values, warnings)
     r.problems += problems
     return options
 
@@ -242,9 +242,9 @@ def parse_spec(body: Mapping[str, Any]) -> LLMDeploymentSpec:
             f"spec.slo.prefixHitMin={slo.prefix_hit_min:g} expects prefix hits, but "
             f"{spec_path('enable_prefix_caching')} is false: the alert would always fire; "
             "enable prefix caching or remove prefixHitMin")
-    alerts = _alerts(spec, r)
-    running = tuned_config(body, engine)
     warnings: list[str] = []
+    alerts = _alerts(spec, r, warnings)
+    running = tuned_config(body, engine)
     if (left := tuned_left_behind(body)) is not None:
         warnings.append(left)
     tuning = tuning_section(spec, engine, running,

@@ -61,6 +61,10 @@ REFUSED_BY_BOTH: list[tuple[dict[str, Any], str]] = [
     ({"alerts": {"sustainedBreachWindow": "999999h"}}, "alerts.sustainedBreachWindow"),
     ({"alerts": {"sustainedBreachWindow": "90500ms"}}, "alerts.sustainedBreachWindow"),
     ({"alerts": {"waitingMin": 2**40}}, "alerts.waitingMin"),
+    # The breach window at least the rate window: four scrapes, 1m at least.
+    ({"alerts": {"scrapeInterval": "30s", "sustainedBreachWindow": "1m"}}, "alerts"),
+    ({"alerts": {"scrapeInterval": "2m", "sustainedBreachWindow": "6m"}}, "alerts"),
+    ({"alerts": {"scrapeInterval": "76s", "sustainedBreachWindow": "303s"}}, "alerts"),
     ({"alerts": {"ttftWarningFactor": 3}}, "alerts"),
     ({"alerts": {"ttftWarningFactor": 1.5, "ttftRetuneFactor": 1.2}}, "alerts"),
     # A Prometheus URL that names no port or no host.
@@ -144,6 +148,11 @@ ACCEPTED_BY_BOTH: list[dict[str, Any]] = [
     {"alerts": {"holdFor": "2000ms", "sustainedBreachWindow": "24h"}},
     {"alerts": {"holdFor": "1h30m", "waitingMin": 1_000_000_000}},
     {"alerts": {"ttftWarningFactor": 2, "ttftRetuneFactor": 2}},
+    {"alerts": {"scrapeInterval": "30s", "sustainedBreachWindow": "2m"}},
+    {"alerts": {"scrapeInterval": "76s", "sustainedBreachWindow": "304s"}},
+    {"alerts": {"scrapeInterval": "76s"}},
+    {"alerts": {"scrapeInterval": "1m30s"}},
+    {"alerts": {"scrapeInterval": "2m"}},
     {"prometheus": {"url": "http://prom:65535/prefix"}},
     {"prometheus": {"url": "https://[::1]:9090"}},
     {"prometheus": {"url": "http://prom:080/"}},

@@ -17,7 +17,7 @@ import yaml
 
 from slopilot.operator.spec import SpecError, parse_spec
 from slopilot.tuner.prometheus.alert_table import MIN_RATE_SCRAPES, rate_window_for
-from tests.operator.test_alert_rules import body, rule_of
+from tests.operator.test_alert_rules import admitted, body, rule_of
 from tests.support.fixtures import prometheus_binaries  # noqa: F401 - a fixture
 from tests.support.prometheus import PrometheusBinaries, promtool
 
@@ -130,7 +130,30 @@ def test_the_rate_window_holds_four_scrapes() -> None:
 def test_a_sustained_window_under_the_rate_window_names_both_fields() -> None:
     with pytest.raises(SpecError, match=r"spec.alerts.sustainedBreachWindow=.*"
                                         r"spec.alerts.scrapeInterval"):
-        parse_spec(body(alerts={"scrapeInterval": "2m", "sustainedBreachWindow": "5m"}))
+        parse_spec(body(alerts={"scrapeInterval": "2m", "sustainedBreachWindow": "6m"}))
+
+
+@pytest.mark.parametrize(("given", "breach_s"), [("60s", 300), ("75s", 300), ("76s", 304),
+                                                  ("1m30s", 360), ("2m", 480)])
+def test_a_long_interval_as_the_api_server_stores_it_parses(given: str, breach_s: int
+                                                            ) -> None:
+    """The CR as admitted (the schema's defaults filled): the breach window left out is
+    the operator's to raise to the rate window, so the schema stores none."""
+    stored = admitted(body(alerts={"scrapeInterval": given}))
+    assert "sustainedBreachWindow" not in stored["spec"]["alerts"]
+    options = parse_spec(stored).alerts
+    assert options.breach_window_s == breach_s == max(300, options.rate_window_s)
+
+
+def test_a_breach_window_stored_by_the_old_schema_default_is_raised_with_a_warning(
+        ) -> None:
+    """Before, the CRD stored 5m in every CR: a CR stored then with a long interval
+    cannot say whether its 5m was written; it is read as the old default (raised to the
+    rate window), and a warning says to remove it."""
+    spec = parse_spec(body(alerts={"scrapeInterval": "2m", "sustainedBreachWindow": "5m"}))
+    assert spec.alerts.breach_window_s == spec.alerts.rate_window_s == 480
+    said = [w for w in spec.warnings if "sustainedBreachWindow" in w]
+    assert len(said) == 1 and "8m" in said[0] and "remove" in said[0], spec.warnings
 
 
 def test_the_rules_at_15s_are_todays() -> None:
