@@ -42,6 +42,7 @@ from slopilot.operator.crd_types import string as _str
 from slopilot.operator.knobs import (
     BOUNDED_KNOBS,
     DEFAULT_STUDY_STORAGE,
+    DEFAULT_WINDOW,
     KNOB_PATHS,
     MAX_STORAGE_URL,
     MAX_TRIAL_S,
@@ -281,7 +282,7 @@ def _spec_schema() -> dict[str, Any]:
         "tuning": _cel(_obj({
             "enabled": {"type": "boolean", "default": True},
             "window": _duration("How long one live trial observes traffic.",
-                                MIN_WINDOW_S, MAX_WINDOW_S, default="2m"),
+                                MIN_WINDOW_S, MAX_WINDOW_S, default=DEFAULT_WINDOW),
             # No defaults in the schema for these two: the parser applies the loop's own,
             # and the longest trial's depends on the window.
             "minClassRequests": _int(

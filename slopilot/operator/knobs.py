@@ -406,6 +406,10 @@ class TuningSpec:
     vLLM trial rolls every replica: only budget, chunk and max sequences, VLLM_APPLIES)."""
 
 
+DEFAULT_WINDOW = "2m"
+"""``spec.tuning.window`` left out (the CRD's default too)."""
+
+
 def tuning_section(spec: Mapping[str, Any], engine: EngineConfig, running: EngineConfig,
                    applies: frozenset[str] | None, r: SpecReader,
                    warnings: list[str] | None = None,
@@ -413,7 +417,7 @@ def tuning_section(spec: Mapping[str, Any], engine: EngineConfig, running: Engin
     """``spec.tuning``: bounds judged on the spec's ``engine``, the space based on the
     ``running`` one; None (the problems in ``r`` say why) when there is no space. A field
     read in another meaning than written appends to ``warnings``."""
-    window = r.get(spec, "spec.tuning.window", str, "2m")
+    window = r.get(spec, "spec.tuning.window", str, DEFAULT_WINDOW)
     try:
         window_s = parse_duration(window)
     except ValueError as exc:
@@ -428,11 +432,14 @@ def tuning_section(spec: Mapping[str, Any], engine: EngineConfig, running: Engin
         whose = ("the ServiceMonitor's" if scrape_s <= SCRAPE_INTERVAL_S
                  else "spec.alerts.scrapeInterval's")
         least = duration(math.ceil(WINDOW_SCRAPES * scrape_s))
+        # The schema stores the default in every CR: its text is all there is to tell by.
+        said = (f"spec.tuning.window={window!r} (the default where it is left out)"
+                if window == DEFAULT_WINDOW else f"spec.tuning.window={window!r}")
         warnings.append(
-            f"spec.tuning.window={window!r} spans under {WINDOW_SCRAPES} of {whose} "
+            f"{said} spans under {WINDOW_SCRAPES} of {whose} "
             f"{scrape_s:g} s scrapes: a replica may leave one "
             "sample in a window, a rate of which reads none of its requests, and the loop "
-            f"rejects such a window; use at least {least}"
+            f"rejects such a window; set spec.tuning.window to at least {least}"
             " (the ScrapeInterval condition names the interval Prometheus really scrapes at)")
     floor, max_trial_s = trial_floor(spec, window_s, r)
     trials = r.get(spec, "spec.tuning.maxTrials", int, 30)

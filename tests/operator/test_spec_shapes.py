@@ -83,3 +83,11 @@ def test_a_window_under_four_of_the_scrape_interval_said_is_warned_of() -> None:
     assert len(said) == 1 and "30 s" in said[0] and "2m" in said[0], spec.warnings
     spec = parse(tuning={"window": "2m"}, alerts={"scrapeInterval": "30s"})
     assert not [w for w in spec.warnings if "spec.tuning.window" in w], spec.warnings
+
+
+def test_a_default_window_under_four_scrapes_says_it_is_the_default() -> None:
+    """The window left out is 2m: the warning says so, and what to set."""
+    spec = parse(alerts={"scrapeInterval": "1m"})
+    said = [w for w in spec.warnings if "spec.tuning.window" in w]
+    assert len(said) == 1 and "the default" in said[0] \
+        and "set spec.tuning.window to at least 4m" in said[0], spec.warnings
