@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import optuna
@@ -34,6 +34,7 @@ from slopilot.tuner.study.storage import open_study
 from tests.support.fixtures import prometheus_binaries  # noqa: F401 - a fixture
 from tests.support.waits import progress_timeout_s, wait_for
 from tests.tuner.live_loop import HEAVY, NAME, RULES, SELECTOR, START, LiveLoop, live_loop
+from tests.tuner.ticking import tick_until
 
 pytestmark = [pytest.mark.usefixtures("prometheus_binaries"), pytest.mark.slow,
               pytest.mark.prometheus]
@@ -78,28 +79,6 @@ def controller(loop: LiveLoop, slo: SLOSpec, storage: str | None = None, *,
         state=state)
 
 
-def tick_until(ctl: Controller, done: Callable[[Decision], bool], *, what: str,
-               log: list[Decision]) -> Decision:
-    """Tick ``ctl`` every 0.5 s until a decision is ``done``; a hang shows the decisions.
-
-    Every decision that acts (a trial, a repeated window, a revert, a commit) is progress
-    and re-arms the hang guard: how many steps a phase takes is up to the noise of 6 s
-    windows and the machine's speed, and only a phase that stalls a whole guard fails."""
-    def tick() -> Decision | None:
-        d = ctl.tick(time.time())
-        log.append(d)
-        return d if done(d) else None
-
-    def decisions() -> str:
-        return "\n".join(x.line() for x in log
-                         if x.action is not Action.NONE or x.summary is not None)
-
-    def acted() -> int:
-        return sum(x.action is not Action.NONE for x in log)
-
-    return wait_for(tick, what, interval_s=0.5, diagnose=decisions, progress=acted)
-
-
 # The most acting decisions an episode of ``max_trials`` can make: each trial's TRIAL,
 # its repeated windows and its end (revert or commit).
 def episode_steps(max_trials: int) -> int:
@@ -113,7 +92,9 @@ OVERLOAD_TRIALS = 10
 # trials it takes is up to the noise of 6 s windows and the machine (fresh-clone CI runs
 # on 2 idle cores read 50, 142 and 197 s; one offline study took 131 s on a loaded box),
 # so pytest's limit covers a guard for each step the test can take: the setup's wait, the
-# light phase, the retune and every step of the episode, the alerts' resolution.
+# light phase, the retune and every step of the episode, the alerts' resolution. Each
+# wait re-arms only up to its own steps (tick_until), so a controller that acts in a loop
+# fails a guard past them, and only a machine slow at every step reaches this limit.
 @pytest.mark.timeout(progress_timeout_s(4 + episode_steps(OVERLOAD_TRIALS)))
 def test_overload_fires_an_alert_and_the_controller_retunes_until_it_resolves(
         tmp_path: Path, worker: SimWorker) -> None:
@@ -140,7 +121,8 @@ def test_overload_fires_an_alert_and_the_controller_retunes_until_it_resolves(
         # pytest's limit holds (a next episode after a cooldown would start them again).
         end = tick_until(ctl, lambda d: d.action is Action.COMMIT
                          or "no_feasible_config" in d.reason,
-                         what="the episode's end", log=log)
+                         what="the episode's end", log=log,
+                         steps=episode_steps(OVERLOAD_TRIALS))
         assert end.action is Action.COMMIT, [d.line() for d in log
                                               if d.action is not Action.NONE]
         committed = ctl.loop.best_config
@@ -240,7 +222,8 @@ def test_a_controller_dropped_mid_trial_resumes_without_applying_again(
         assert resumed.state is ControllerState.TUNING
         assert resumed.loop.trial is not None and resumed.loop.trial.number == trial.trial
         done = tick_until(resumed, lambda d: d.trial == trial.trial and d.summary is not None,
-                          what="the resumed trial's window", log=log)
+                          what="the resumed trial's window", log=log,
+                          steps=episode_steps(1))
         assert "infeasible" in done.reason or done.action is not Action.NONE
         # The resumed controller measured the running trial; it did not apply it again.
         assert loop.deployment.applied[:1] == [(trial.config, False)]
