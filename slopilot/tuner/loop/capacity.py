@@ -215,16 +215,22 @@ class CapacityPlanner:
         return _smallest(ok, below + 1, n, answer)
 
 
-def _smallest(ok: Callable[[int], bool], left: int, right: int,
-              answer: CapacityAnswer) -> CapacityAnswer:
-    """Binary search in [left, right] for the smallest count that holds; ``right`` does."""
+def smallest_holding(ok: Callable[[int], bool], left: int, right: int) -> int:
+    """Binary search in [left, right] for the smallest count that holds, ``right``
+    known to hold (holding taken as monotonic between the two)."""
     while left < right:
         mid = (left + right) // 2
         if ok(mid):
             right = mid
         else:
             left = mid + 1
-    answer.replicas = right
+    return right
+
+
+def _smallest(ok: Callable[[int], bool], left: int, right: int,
+              answer: CapacityAnswer) -> CapacityAnswer:
+    """``smallest_holding`` as the answer's count."""
+    right = answer.replicas = smallest_holding(ok, left, right)
     log.info("capacity: %d replicas hold the SLO (searched %s)", right,
              sorted(answer.results))
     return answer

@@ -29,6 +29,8 @@ from __future__ import annotations
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
+from slopilot.tuner.loop.capacity import smallest_holding
+
 RECHECKS = 2
 """Lucky counts (held, their next count missed) the climb takes before it stops and
 the maximum decides: each costs a run of its next count and the climb above it."""
@@ -85,10 +87,4 @@ def _next_holding(missed: int, ok: Callable[[int], bool],
                 break
             below, step = right, 2 * step
     left = max([below, *(m for m in tried() if below < m < right and not ok(m))]) + 1
-    while left < right:
-        mid = (left + right) // 2
-        if ok(mid):
-            right = mid
-        else:
-            left = mid + 1
-    return right
+    return smallest_holding(ok, left, right)
