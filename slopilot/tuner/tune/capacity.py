@@ -78,6 +78,9 @@ class CapacityOutcome:
     (``steady_count``): holding is not monotonic over the counts tried."""
     gave_up: bool = False
     """After ``steady_count.RECHECKS`` + 1 lucky counts only ``hi`` was judged."""
+    checked: bool = False
+    """The answer's next count was run by ``steady_count`` alone, not the search: to
+    check that the answer did not hold by luck."""
     floors: tuple[IdleFloor, ...] = ()
     """When none holds on a trace: each TTFT-limited class's idle floor, the lowest over
     the candidates' knobs (``idle_floor.py``)."""
@@ -220,9 +223,15 @@ class CapacityOutcome:
                     "--max-replicas, relax the SLO, or use a larger GPU or model "
                     "parallelism.")
         below = self.below()
+        # A count above the answer in the list, run after the search found the answer,
+        # reads as a search that went on for nothing: why it ran, said (flips() says it
+        # where a count did hold by luck).
+        check = (f" {self.replicas + 1} was run only to check that {self.replicas} did not "
+                 "hold by luck (a window's P99 rests on where its few largest requests "
+                 "land): it holds too." if self.checked and not self.lucky else "")
         return (f"{self.replicas} replica{'s' if self.replicas != 1 else ''} hold the SLO "
                 f"in every window with {self.margin:.0%} headroom, with {self.label}'s knobs "
-                f"(tried: {tried})." + ("" if below is None else f" {below}"))
+                f"(tried: {tried}).{check}" + ("" if below is None else f" {below}"))
 
     def within(self) -> str | None:
         """When none holds with the headroom: the smallest count within the SLO itself,
@@ -330,9 +339,13 @@ def capacity_answer(evaluator: RobustEvaluator,
         def ok(n: int, run: Callable[[int], TrialResult] = run) -> bool:
             return holds(run(n), evaluator.margin)
 
+        searched_by_bisection = set(runs)
         steady = steady_count(answer.replicas, ok, runs.keys, top, hi)
+        checked = steady.replicas is not None and \
+            steady.replicas + 1 in runs.keys() - searched_by_bisection
         outcome = CapacityOutcome(steady.replicas, dict(config), label, lo, hi, dict(runs),
-                                  lucky=steady.lucky, gave_up=steady.gave_up)
+                                  lucky=steady.lucky, gave_up=steady.gave_up,
+                                  checked=checked)
         outcomes.append(outcome)
         if best is None or steady.replicas is not None:
             best = outcome
