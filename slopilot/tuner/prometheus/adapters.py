@@ -46,7 +46,7 @@ from slopilot.tuner.prometheus.scrape_interval import (
     ScrapeInterval,
     scrape_interval,
 )
-from slopilot.tuner.prometheus.window_edges import WindowEdges
+from slopilot.tuner.prometheus.window_edges import Ending, WindowEdges
 from slopilot.tuner.study.evaluator import (
     PrometheusUnavailable,
     QueueReading,
@@ -332,18 +332,34 @@ class PrometheusWindows:
                 f"{edges.thin_reason([i for i, _ in thin], canary)}"
                 f"{self._slow_scrapes(end)}")
         # Gone before the end: the canary's rates over the whole window read low; a
-        # replica still a target (its scrapes failing) served on in no figure. One scaled
-        # away counts in the deployment's for the time it served.
-        if stopped := [(i, targeted) for i, targeted in edges.stopped()
-                       if canary or targeted]:
+        # replica whose scrapes failed (still failing, or until its target went) served on
+        # in no figure. One scaled away counts in the deployment's for the time it served.
+        if stopped := [(i, ending) for i, ending in edges.stopped()
+                       if canary or ending.unseen]:
             which = "the canary replica" if canary else "replica(s)"
-            why = ("(its target gone, or its scrapes failing): its rates over the whole "
-                   "window would spread what it served over all of it, and read low"
-                   if canary else "while still a target (its scrapes fail since): what it "
-                   "served since is in no figure")
+            if canary:
+                why = ("(its target gone, or its scrapes failing): its rates over the whole "
+                       "window would spread what it served over all of it, and read low")
+            elif all(e is Ending.FAILING for _, e in stopped):
+                why = ("while still a target (its scrapes fail since): what it served since "
+                       "is in no figure")
+            else:
+                why = ("while it served on: its scrapes failed before its target went (or "
+                       "fail still), and what it served since its last good scrape is in "
+                       "no figure; the next window, after the replacement, reads")
             raise WindowRejected(
                 f"{which} {', '.join(i for i, _ in stopped)} left no engine sample in the "
                 f"last {edges.tail_s()} s of the {w} s window {why}"
+                f"{self._slow_scrapes(end)}")
+        # Come up after the start: the canary's rates over the whole window read low, as
+        # one gone before the end. A replica the deployment gained counts in its figures
+        # for the time it served, as one it lost.
+        if canary and (started := edges.started()):
+            raise WindowRejected(
+                f"the canary replica {', '.join(started)} left no engine sample in the "
+                f"first {edges.tail_s()} s of the {w} s window (it came up inside it): its "
+                "rates over the whole window would spread what it served over all of it, "
+                "and read low; the next window, with the canary there all along, reads"
                 f"{self._slow_scrapes(end)}")
         requests = self._by_class(q["requests"][None], end)
         finished = sum(v for v in requests.values() if math.isfinite(v))

@@ -8,8 +8,15 @@ A review's backfilled histories (15 s scrapes, a 300 s window):
   deployment's rate over the window should count it. The canary's figures are its own,
   though: gone 50 s before the end, it read 16 % low. And a target whose scrapes fail
   (``up`` 0) for the last minute served on unseen: the canary read 21 % low, the
-  deployment 10 %. So a canary that stops, or a replica still a target that stops,
-  rejects the window (``stopped``).
+  deployment 10 %. One whose scrapes failed and whose pod was then deleted (its
+  replacement beside it) left the deployment's figures 10 % low too, and passed the
+  75 %-answered check. So a canary that stops, or a replica whose last scrapes in the
+  window failed (still a target, or two or more before it went: a pod shutting down may
+  refuse one), rejects the window (``stopped``, ``Ending``).
+- Its mirror: a canary whose samples start after the window's start (scaled up, a
+  rollout's new pod) read 50 % low over the whole window, and a P99 of its few samples.
+  It rejects the window (``started``); a replica the deployment gained counts for the
+  time it served, as one it lost.
 - A pod that joined or left inside the window holds one sample there, which no rate
   reads. Its requests are in no figure, but where the window spans many scrapes they are
   under two scrapes' worth of one replica: a small share of the deployment's, left out
@@ -23,6 +30,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 
 from slopilot.tuner.prometheus.alert_table import MIN_RATE_SCRAPES
 from slopilot.tuner.prometheus.query import QueryAt
@@ -35,9 +43,31 @@ their start, idle or not (as the unreported and thin checks read it)."""
 TAIL_SCRAPES = 2.5
 """A replica with no engine sample in the window's last this many scrape intervals
 stopped before its end: one failed or late scrape at the end leaves one within two."""
+FAILED_SCRAPES_MIN = 2
+"""Failed scrapes (``up`` 0) in the window, its last among them, that say a replica gone
+before the end served on unseen: a pod shutting down may refuse its last one."""
 EDGE_SHARE_MAX = 0.1
 """The share of the deployment's replica-window that replicas joining or leaving inside it
 may leave out (one sample there each: at most two scrapes each served in it)."""
+
+
+class Ending(Enum):
+    """How a replica that stopped before the window's end ended."""
+
+    GONE = "gone"
+    """Its target went with its last scrape good (scaled away): the deployment's figures
+    count what it served while there."""
+    FAILING = "failing"
+    """Still a target, its scrapes failing (``up`` 0): it serves on, in no figure."""
+    FAILED_THEN_GONE = "failed then gone"
+    """Its last ``FAILED_SCRAPES_MIN`` or more scrapes failed, then its target went (a
+    pod deleted while unreachable to Prometheus, not to its clients): what it served
+    meanwhile is in no figure."""
+
+    @property
+    def unseen(self) -> bool:
+        """Whether it served requests no figure counts."""
+        return self is not Ending.GONE
 
 
 @dataclass
@@ -102,32 +132,57 @@ class WindowEdges:
     def tail_s(self) -> int:
         return math.ceil(TAIL_SCRAPES * self.interval_s())
 
-    def stopped(self) -> list[tuple[str, bool]]:
+    def stopped(self) -> list[tuple[str, Ending]]:
         """The replicas with engine samples in the window and none in its last
-        ``tail_s``, each with whether it is still a target there (``up`` in the tail:
-        its scrapes fail) or gone (scaled away); none where the window is no longer than
-        the tail (the thin check judges those)."""
+        ``tail_s``, each with how it ended (``Ending``); none where the window is no
+        longer than the tail (the thin check judges those)."""
+        names = self._at_edge(self._stopped_expr)
+        if not names:
+            return []
+        w, tail = duration(self.window_s), duration(self.tail_s())
+        up = f"up{self.selector}"
+        targeted = self._names(f"group by ({REPLICA_LABEL}) (last_over_time({up}[{tail}]))")
+        # Its last scrapes in the window failed: it served on until its target went, and
+        # what it served since its last good scrape is in no figure. One failed scrape is
+        # a pod refusing it as it shuts down: under a scrape's worth, as a pod at the
+        # window's edge, so it takes FAILED_SCRAPES_MIN.
+        failed = self._names(
+            f"group by ({REPLICA_LABEL}) ((last_over_time({up}[{w}]) == 0) and on "
+            f"({REPLICA_LABEL}) (count_over_time({up}[{w}]) - sum_over_time({up}[{w}]) "
+            f">= {FAILED_SCRAPES_MIN}))")
+        return [(name, Ending.FAILING if name in targeted else
+                 Ending.FAILED_THEN_GONE if name in failed else Ending.GONE)
+                for name in names]
+
+    def started(self) -> list[str]:
+        """The replicas with engine samples in the window and none in its first
+        ``tail_s`` (scaled up, or a rollout's new pod): rates over the whole window spread
+        what each served over all of it. None where the window is no longer than that."""
+        return self._at_edge(self._started_expr)
+
+    def _at_edge(self, expr: Callable[[int], str]) -> list[str]:
         # Over the rules' interval first; Prometheus's own is asked only where a replica
-        # reads stopped, and where it is longer, the tail is too.
+        # reads missing at the edge, and where it is longer, the edge's span is too.
         first = math.ceil(TAIL_SCRAPES * self.least_interval_s)
-        if self.window_s <= first or not (found := self._stopped(first)):
+        if self.window_s <= first or not (found := self._names(expr(first))):
             return []
         if (tail := self.tail_s()) == first:
             return found
-        return self._stopped(tail) if self.window_s > tail else []
+        return self._names(expr(tail)) if self.window_s > tail else []
 
-    def _stopped(self, tail_s: int) -> list[tuple[str, bool]]:
-        w, tail = duration(self.window_s), duration(tail_s)
-        engine = f"{ENGINE_GAUGE}{self.selector}"
-        seen = f"group by ({REPLICA_LABEL}) (last_over_time({engine}[{w}]))"
-        recent = f"group by ({REPLICA_LABEL}) (last_over_time({engine}[{tail}]))"
-        stopped = f"{seen} unless on ({REPLICA_LABEL}) {recent}"
-        names = sorted(r["metric"].get(REPLICA_LABEL, "?")
-                       for r in self.query(stopped, self.end))
-        if not names:
-            return []
-        up = f"group by ({REPLICA_LABEL}) (last_over_time(up{self.selector}[{tail}]))"
-        targeted = {r["metric"].get(REPLICA_LABEL, "?")
-                    for r in self.query(f"({stopped}) and on ({REPLICA_LABEL}) {up}",
-                                        self.end)}
-        return [(name, name in targeted) for name in names]
+    def _names(self, expr: str) -> list[str]:
+        return sorted(r["metric"].get(REPLICA_LABEL, "?") for r in self.query(expr, self.end))
+
+    def _seen(self) -> str:
+        return (f"group by ({REPLICA_LABEL}) (last_over_time({ENGINE_GAUGE}{self.selector}"
+                f"[{duration(self.window_s)}]))")
+
+    def _stopped_expr(self, tail_s: int) -> str:
+        recent = (f"group by ({REPLICA_LABEL}) (last_over_time({ENGINE_GAUGE}{self.selector}"
+                  f"[{duration(tail_s)}]))")
+        return f"{self._seen()} unless on ({REPLICA_LABEL}) {recent}"
+
+    def _started_expr(self, head_s: int) -> str:
+        early = (f"group by ({REPLICA_LABEL}) (last_over_time({ENGINE_GAUGE}{self.selector}"
+                 f"[{duration(head_s)}] offset {duration(self.window_s - head_s)}))")
+        return f"{self._seen()} unless on ({REPLICA_LABEL}) {early}"
