@@ -48,7 +48,6 @@ REAL_TIME_CLOCKS: tuple[Callable[[], float], ...] = (time.monotonic, time.perf_c
                                                      time.time)
 
 
-
 def counts_real_time(clock: Callable[[], float]) -> bool:
     """Whether ``clock`` is one of ``REAL_TIME_CLOCKS``, whose readings a kernel's lag
     can be taken off."""

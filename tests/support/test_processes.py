@@ -42,14 +42,23 @@ def stop_file(tmp_path: Path) -> Iterator[Path]:
 
 
 def _run(script: str, stop: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-c", script, str(stop)])
+    # From a file, not ``-c``: a spawned worker imports its parent's ``__main__`` by path
+    # to find ``spin`` (from ``-c`` it died at once, and only a poll that caught its
+    # start-up's CPU passed).
+    path = stop.with_name("parent.py")
+    path.write_text(script, encoding="utf-8")
+    return subprocess.Popen([sys.executable, str(path), str(stop)])
 
 
 def test_a_spawned_pool_workers_cpu_is_counted(stop_file: Path) -> None:
     parent = _run(POOL_PARENT, stop_file)
     try:
-        wait_for(lambda: spawned_workers_cpu_ticks(parent.pid) > 0,
-                 "the pool worker's CPU time to show", interval_s=0.1)
+        # Two readings apart, both moved: the worker computes on, not only started.
+        first = wait_for(lambda: spawned_workers_cpu_ticks(parent.pid),
+                         "the pool worker's CPU time to show", interval_s=0.1)
+        wait_for(lambda: spawned_workers_cpu_ticks(parent.pid) > first,
+                 "the pool worker's CPU time to grow", interval_s=0.1)
+        assert parent.poll() is None  # its worker spins: nothing failed
     finally:
         stop_file.touch()
         parent.wait()
