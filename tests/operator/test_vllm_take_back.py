@@ -75,6 +75,20 @@ def repaired(cluster: Cluster, policy: OperatorPolicy) -> None:
     reconcile(cluster.kube, cluster.get(), policy=policy, mint=operator_mint(cluster))
 
 
+def taken_back(loop: DeploymentLoop, cluster: Cluster, hook: Webhook,
+               now: list[float]) -> dict[str, str]:
+    """The first step's trial started, then the status refusing every write for
+    ``STATUS_GIVE_UP_S``: the episode's arguments, back on the Deployment."""
+    before, _ = trial_started(loop, cluster)
+    hook.on = True
+    now[0] += 60.0
+    assert loop.step()
+    now[0] += STATUS_GIVE_UP_S
+    assert loop.step()
+    assert knob_args(cluster) == before
+    return before
+
+
 def test_a_refused_edit_mid_trial_puts_the_episodes_arguments_back(
         kube: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -210,13 +224,7 @@ def test_a_stamp_removed_while_the_status_is_unwritable_is_put_back(
     body, policy = vllm_cr(kube, cluster, prom, tmp_path)
     hook, now = Webhook(cluster.kube), [1_000_000.0]
     loop = _loop(cluster, body, policy, hook, monkeypatch, now)
-    before, _ = trial_started(loop, cluster)
-    hook.on = True
-    now[0] += 60.0
-    assert loop.step()
-    now[0] += STATUS_GIVE_UP_S
-    assert loop.step()
-    assert knob_args(cluster) == before
+    before = taken_back(loop, cluster, hook, now)
     _stamp(cluster, None)
     repaired(cluster, policy)  # the trial's record rendered again, with no stamp
     now[0] += 60.0
@@ -235,12 +243,7 @@ def test_a_stamp_under_a_replaced_key_is_no_stamp(
     body, policy = vllm_cr(kube, cluster, prom, tmp_path)
     hook, now = Webhook(cluster.kube), [1_000_000.0]
     loop = _loop(cluster, body, policy, hook, monkeypatch, now)
-    trial_started(loop, cluster)
-    hook.on = True
-    now[0] += 60.0
-    assert loop.step()
-    now[0] += STATUS_GIVE_UP_S
-    assert loop.step()
+    taken_back(loop, cluster, hook, now)
     cr = cluster.get()
     assert rendered_body(cluster.kube, cr, operator_mint(cluster)) != cr
     assert rendered_body(cluster.kube, cr, TokenMint(secrets.token_bytes(32))) is cr
@@ -271,13 +274,7 @@ def test_a_restart_mid_outage_keeps_the_trials_arguments_off(
     body, policy = vllm_cr(kube, cluster, prom, tmp_path)
     hook, now = Webhook(cluster.kube), [1_000_000.0]
     loop = _loop(cluster, body, policy, hook, monkeypatch, now)
-    before, _ = trial_started(loop, cluster)
-    hook.on = True
-    now[0] += 60.0
-    assert loop.step()
-    now[0] += STATUS_GIVE_UP_S
-    assert loop.step()
-    assert knob_args(cluster) == before
+    before = taken_back(loop, cluster, hook, now)
     old_key = operator_mint(cluster)
     loop = _restarted(cluster, body, policy, hook, monkeypatch, now, loop, rotated)
     check = operator_mint(cluster)

@@ -58,3 +58,23 @@ def wait_in_the_kernel(sock: socket.socket, ms: int) -> None:
     the kernel's clock, ``ms`` have passed since it did."""
     wait_for(lambda: unacked(sock.fileno()) == 0 and _since_last_ack(sock) >= ms,
              what=f"the server's kernel to hold the request {ms} ms", interval_s=0.005)
+
+
+def streamed_after_a_hold(loop: asyncio.AbstractEventLoop, port: int, request: bytes,
+                          ms: int) -> bytes:
+    """``request`` sent on a new connection to ``port`` on this host while ``loop`` is
+    held, the loop let go once the kernel has held it ``ms``; the streamed answer, read
+    to its ``data: [DONE]``."""
+    with held(loop) as release:
+        sock = socket.create_connection(("127.0.0.1", port))
+        sock.sendall(request)
+        wait_in_the_kernel(sock, ms)
+        release()
+    with sock:
+        sock.settimeout(HANG_GUARD_S)
+        answer = b""
+        while b"data: [DONE]" not in answer:
+            got = sock.recv(65536)
+            assert got, f"the connection closed after {answer!r}"
+            answer += got
+    return answer

@@ -9,7 +9,6 @@ Live sockets; the waits are on what the kernel reports (``tests.support.held_loo
 
 from __future__ import annotations
 
-import socket
 import time
 from pathlib import Path
 
@@ -17,8 +16,8 @@ import pytest
 
 from slopilot.engine.request import Priority
 from tests.engine.meter.test_meter_http import LABEL, _completion, _serve, counted
-from tests.support.held_loop import HAS_TCP_INFO, TICK_S, held, wait_in_the_kernel
-from tests.support.waits import HANG_GUARD_S, wait_for
+from tests.support.held_loop import HAS_TCP_INFO, TICK_S, streamed_after_a_hold
+from tests.support.waits import wait_for
 
 TTFT_OBJECTIVE_MS = 500  # test_meter's SLO for p0
 HELD_MS = TTFT_OBJECTIVE_MS + 2 * int(TICK_S * 1000) + 50
@@ -30,18 +29,7 @@ def test_a_stream_held_in_the_accept_queue_past_its_objective_missed_it(
         tmp_path: Path) -> None:
     with _serve(tmp_path, clock=time.monotonic) as served:
         served.upstream.release[0].set()  # the engine answers at once
-        loop = served.server.servers[0].get_loop()
-        with held(loop) as release:
-            sock = socket.create_connection(("127.0.0.1", served.port))
-            sock.sendall(_completion())
-            wait_in_the_kernel(sock, HELD_MS)
-            release()
-        with sock:
-            sock.settimeout(HANG_GUARD_S)
-            answer = b""
-            while b"data: [DONE]" not in answer:
-                got = sock.recv(65536)
-                assert got, f"the connection closed after {answer!r}"
-                answer += got
+        streamed_after_a_hold(served.server.servers[0].get_loop(), served.port,
+                              _completion(), HELD_MS)
         wait_for(lambda: counted(served.app) != {}, what="the stream judged")
         assert counted(served.app) == {(Priority.P0, LABEL, False): (1, 1)}

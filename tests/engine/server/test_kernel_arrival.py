@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 
 import httpx
 import pytest
 
-from tests.support.held_loop import HAS_TCP_INFO, TICK_S, held, wait_in_the_kernel
+from tests.support.held_loop import HAS_TCP_INFO, TICK_S, streamed_after_a_hold
 from tests.support.live_server import start_server
 from tests.support.waits import HANG_GUARD_S
 
@@ -41,18 +40,7 @@ def _ttft(metrics: str) -> tuple[float, float]:
 
 def test_a_request_held_in_the_accept_queue_counts_the_wait_in_its_ttft() -> None:
     with start_server() as srv:
-        with held(srv.loop) as release:
-            sock = socket.create_connection(("127.0.0.1", srv.server.bound_port))
-            sock.sendall(_completion())
-            wait_in_the_kernel(sock, HELD_MS)
-            release()
-        with sock:
-            sock.settimeout(HANG_GUARD_S)
-            answer = b""
-            while b"data: [DONE]" not in answer:
-                got = sock.recv(65536)
-                assert got, f"the connection closed after {answer!r}"
-                answer += got
+        streamed_after_a_hold(srv.loop, srv.server.bound_port, _completion(), HELD_MS)
         metrics = httpx.get(srv.url + "/metrics", timeout=HANG_GUARD_S).text
     total, n = _ttft(metrics)
     assert n == 1
