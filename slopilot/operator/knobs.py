@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from slopilot.engine.config import PRESETS, ConfigError, EngineConfig, coerce_knob
+from slopilot.engine.durations import parse_duration
 from slopilot.operator.merge_patch import replacing
 from slopilot.operator.pod_layout import SCRAPE_INTERVAL_S
-from slopilot.operator.spec_reader import SpecReader, parse_duration
+from slopilot.operator.spec_reader import SpecReader
 from slopilot.operator.study_storage import sqlite_sidecar_problem
 from slopilot.operator.tuned_base import (
     base_matches,

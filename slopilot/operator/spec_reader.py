@@ -4,22 +4,11 @@ raising, so that one status condition can list every bad field at once."""
 from __future__ import annotations
 
 import enum
-import re
 from collections.abc import Mapping
 from typing import Any
 
+from slopilot.engine.durations import parse_duration
 from slopilot.engine.sim.quote import excerpt
-
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
-_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-
-
-def parse_duration(text: str) -> float:
-    """``"2m"`` -> 120.0, ``"1m30s"`` -> 90.0; a bad string raises ValueError."""
-    parts = _DURATION.findall(text)
-    if not parts or "".join(n + u for n, u in parts) != text:
-        raise ValueError(f"{text!r} is not a duration like 90s, 2m or 1h30m")
-    return sum(float(n) * _UNIT_S[u] for n, u in parts)
 
 
 class SpecReader:

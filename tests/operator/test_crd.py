@@ -11,10 +11,10 @@ import pytest
 import yaml
 
 from slopilot.engine.config import EngineConfig, PreemptionMode
+from slopilot.engine.durations import parse_duration
 from slopilot.operator.crd import crd_manifest, openapi_schema
 from slopilot.operator.knobs import engine_checksum
 from slopilot.operator.spec import Backend, Profile, SpecError, parse_spec
-from slopilot.operator.spec_reader import parse_duration
 from slopilot.tuner.study.space import SearchSpace
 from tests.support.crd_schema import apply_defaults, schema_errors
 
