@@ -88,3 +88,41 @@ def test_compare_reads_the_servers_increase_and_counts_a_429_never_served() -> N
     assert f["ttft_p99_client_ms"] == math.inf
     assert f["ttft_p50_server_ms"] == pytest.approx(50 + 50 * 0.75)  # rank 1.5 of 2
     assert f["client_met"] == 2
+
+
+def test_the_stops_requests_are_sent_inside_the_stop() -> None:
+    """Evenly, the first after the stop began and the last before it ends."""
+    assert ct.spread(4, 1.0) == pytest.approx([0.125, 0.375, 0.625, 0.875])
+    assert all(0 < at < 2.0 for at in ct.spread(7, 2.0))
+
+
+def test_kernel_prompts_are_drawn_again_from_their_seed() -> None:
+    assert ct.prompts(5, 3) == ct.prompts(5, 3)
+    assert ct.prompts(5, 3) != ct.prompts(5, 4)
+    assert {len(p.split()) for p in ct.prompts(40, 1)} == {30, 600}
+
+
+def test_kernel_compare_sets_the_servers_mean_against_the_clients_and_its_wire() -> None:
+    """The server's mean is its histogram's sum over count, increase over the phase; the
+    wire's client TTFT leaves out the client's own time before its write; a failed
+    request is no client's TTFT."""
+    cls = ("priority_class", ct.CLASS)
+
+    def bucket(le: str) -> tuple[str, tuple[tuple[str, str], ...]]:
+        return (f"{ct.TTFT}_bucket", (("le", le), cls))
+
+    before = {(f"{ct.TTFT}_sum", (cls,)): 10.0, (f"{ct.TTFT}_count", (cls,)): 4.0,
+              bucket("0.5"): 4.0, bucket("1.0"): 4.0, bucket("+Inf"): 4.0}
+    after = {(f"{ct.TTFT}_sum", (cls,)): 11.5, (f"{ct.TTFT}_count", (cls,)): 6.0,
+             bucket("0.5"): 4.0, bucket("1.0"): 6.0, bucket("+Inf"): 6.0}
+    records = [ct.Measured(status="ok", ttft=0.8, written=0.05),
+               ct.Measured(status="ok", ttft=1.0, written=0.15), ct.Measured()]
+    f = ct.kernel_compare(records, before, after)
+    assert (f["requests"], f["ok"], f["server_count"]) == (3, 2, 2)
+    assert f["ttft_mean_client_ms"] == pytest.approx(900)
+    assert f["ttft_mean_server_ms"] == pytest.approx(750)
+    assert f["ttft_mean_err"] == pytest.approx(-150 / 900)
+    assert f["ttft_wire_client_ms"] == pytest.approx(800)
+    assert f["ttft_wire_err"] == pytest.approx(-50 / 800)
+    assert f["ttft_p50_client_ms"] == pytest.approx(900)
+    assert f["ttft_p50_server_ms"] == pytest.approx(750)  # rank 1 of 2 in (0.5, 1.0]
