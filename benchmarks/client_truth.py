@@ -26,7 +26,8 @@ The ``kernel`` part times what a request waits in the server's kernel before its
 loop reads it, which the client's TTFT counts and a stamp taken at the read did not
 (``engine/tcp_received.py``): ``vllm``'s client on completions, each phase its own
 server scrape, the server's TTFT its histogram's sum over count (exact) and its
-P50/P90 (``histogram_quantile``) against the client's mean and exact quantiles; and the
+P50/P90 (``histogram_quantile``) against the client's mean and exact quantiles (and its
+samples on the server's edges, ``bucketed``: the buckets' share of the error); and the
 mean against the client's from its write (``wire``: less the client's own time before
 the request's head reached its socket, connecting and its loop busy, which no server
 sees).
@@ -403,7 +404,8 @@ sys.exit(main(sys.argv[1:]))
 STAMPS = (("kernel", ("-m", "slopilot.cli")), ("read", ("-c", READ_STAMP_SERVE)))
 KERNEL_PHASES = ("burst", "stop_new", "stop_kept")
 KERNEL_COLUMNS = ("ttft_mean", "ttft_wire", "ttft_p50", "ttft_p90")
-KERNEL_REPORTED = tuple(f"{k}_err" for k in KERNEL_COLUMNS)
+KERNEL_KEYS = (*KERNEL_COLUMNS, "ttft_p50_bucketed", "ttft_p90_bucketed")
+KERNEL_REPORTED = tuple(f"{k}_err" for k in KERNEL_KEYS)
 
 
 def prompts(n: int, seed: int) -> list[str]:
@@ -439,11 +441,16 @@ def kernel_compare(records: list[Measured], before: Samples, after: Samples
     out["ttft_wire_client_ms"] = out["ttft_mean_client_ms"] - out["written_mean_ms"]
     out["ttft_wire_server_ms"] = out["ttft_mean_server_ms"]
     hist = buckets(d, TTFT)
+    edges = sorted(e for e in hist if not math.isinf(e))
     for q in QUANTILES[:2]:
         key = f"ttft_p{round(q * 100)}"
-        out |= {f"{key}_client_ms": percentile(ttfts, q) * 1e3,
-                f"{key}_server_ms": histogram_quantile(q, hist) * 1e3 if count else math.nan}
-    for key in ("ttft_mean", "ttft_wire", "ttft_p50", "ttft_p90"):
+        server = histogram_quantile(q, hist) * 1e3 if count else math.nan
+        out |= {f"{key}_client_ms": percentile(ttfts, q) * 1e3, f"{key}_server_ms": server,
+                # The client's own samples on the server's edges: what of the error is
+                # the buckets' (a few samples in a bucket 10 % wide).
+                f"{key}_bucketed_client_ms": latency_quantile(q, ttfts, edges=edges) * 1e3,
+                f"{key}_bucketed_server_ms": server}
+    for key in KERNEL_KEYS:
         out[f"{key}_err"] = relative_error(out[f"{key}_server_ms"], out[f"{key}_client_ms"])
     return out
 
@@ -542,10 +549,10 @@ def kernel_part(args: argparse.Namespace, knobs: list[str], slo_file: Path,
                     show_kernel(f"run {run + 1}, {name}, {stamp} stamp", f)
                     figures.setdefault(f"{name}_{stamp}", []).append(f)
     print(f"\nmedians over {args.runs} runs, (server - client) / client")
-    print(f"{'':20}" + "".join(f"{k.removesuffix('_err'):>14}" for k in KERNEL_REPORTED))
+    print(f"{'':20}" + "".join(f"{k.removesuffix('_err'):>19}" for k in KERNEL_REPORTED))
     for name, runs in figures.items():
         row = {k: statistics.median(f[k] for f in runs) for k in KERNEL_REPORTED}
-        print(f"{name:20}" + "".join(f"{v:+14.1%}" for v in row.values()))
+        print(f"{name:20}" + "".join(f"{v:+19.1%}" for v in row.values()))
         result |= {f"{name}_{k}": v for k, v in row.items()}
 
 

@@ -126,3 +126,6 @@ def test_kernel_compare_sets_the_servers_mean_against_the_clients_and_its_wire()
     assert f["ttft_wire_err"] == pytest.approx(-50 / 800)
     assert f["ttft_p50_client_ms"] == pytest.approx(900)
     assert f["ttft_p50_server_ms"] == pytest.approx(750)  # rank 1 of 2 in (0.5, 1.0]
+    # The client's two on the server's edges read as the server's buckets do.
+    assert f["ttft_p50_bucketed_client_ms"] == pytest.approx(750)
+    assert f["ttft_p50_bucketed_err"] == pytest.approx(0.0)
