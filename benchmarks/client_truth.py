@@ -28,9 +28,10 @@ loop reads it, which the client's TTFT counts and a stamp taken at the read did 
 server scrape, the server's TTFT its histogram's sum over count (exact) and its
 P50/P90 (``histogram_quantile``) against the client's mean and exact quantiles (and its
 samples on the server's edges, ``bucketed``: the buckets' share of the error); and the
-mean against the client's from its write (``wire``: less the client's own time before
-the request's head reached its socket, connecting and its loop busy, which no server
-sees).
+mean against the client's on the wire (``wire``: less the client's own time, which no
+server sees, before the request was all in its socket, connecting and its loop busy,
+``written``, and after its kernel got the first chunk, ``read lag``: ``tcp_received`` on
+the client's socket, at least that).
 
 - ``burst``: ``--burst`` streams, each on a connection of its own, opened at once: the
   loop, busy accepting and parsing them and streaming the first ones' tokens, leaves the
@@ -51,8 +52,8 @@ stamp before ``tcp_received``), a server of its own.
 
 Ends with ``RESULT key=value ...``: per endpoint and client, the median relative
 errors (server - client) / client; for the kernel part, per phase and stamp, the median
-relative errors of the server's mean (against the client's, and its from the write),
-P50 and P90 TTFT.
+relative errors of the server's mean (against the client's, and its on the wire),
+P50 and P90 TTFT (the client's exact, and on the server's edges).
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from slopilot.engine.histogram_quantiles import histogram_quantile, latency_quantile
 from slopilot.engine.metric_names import REFUSED
 from slopilot.engine.slo import ClassSLO, SLOSpec
+from slopilot.engine.tcp_received import since_last_data
 from slopilot.engine.verdicts import SLO_REQUESTS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -109,8 +111,14 @@ class Measured:
     latency: float = math.nan
     output_tokens: int = 0
     written: float = math.nan
-    """Seconds from the call to the request's head handed to the socket (the kernel
-    part's ``vllm`` client only): the client's own time before the server can see it."""
+    """Seconds from the call to the request's last bytes handed to the socket (the
+    kernel part's ``vllm`` client only): the client's own time before the server can
+    see all of it."""
+    read_lag: float = math.nan
+    """Seconds the client read its first body bytes after its kernel got the newest of
+    them (``tcp_received``; the kernel part's ``vllm`` client only): at least its own
+    time after the server's first chunk, which the server cannot see either. At least:
+    a later chunk arrived before the read makes it read short."""
 
     @property
     def tpot(self) -> float:
@@ -210,7 +218,12 @@ async def vllm_request(session: aiohttp.ClientSession, url: str, model: str, cha
                 return Measured(status="refused")
             if resp.status != 200:
                 return Measured()
+            sock = (resp.connection.transport.get_extra_info("socket")
+                    if traced and resp.connection and resp.connection.transport else None)
             async for data in resp.content.iter_any():
+                if sock is not None:  # the first body bytes: how late the client read them
+                    trace[READ_LAG] = since_last_data(sock) or math.nan
+                    sock = None
                 data = data.strip()
                 if data:
                     for message in sse.add(data):
@@ -219,6 +232,7 @@ async def vllm_request(session: aiohttp.ClientSession, url: str, model: str, cha
         return Measured()  # as vLLM's client counts it: failed
     m = vllm_timings(messages, sent)
     m.written = trace.get(WRITTEN, math.nan) - sent
+    m.read_lag = trace.get(READ_LAG, math.nan)
     return m
 
 
@@ -436,9 +450,14 @@ def kernel_compare(records: list[Measured], before: Samples, after: Samples
         "ttft_mean_server_ms": total(d, TTFT + "_sum") / count * 1e3 if count else math.nan,
         "written_mean_ms": statistics.fmean(r.written for r in records if r.status == "ok")
         * 1e3 if ttfts else math.nan}
-    # The client's TTFT from its write: less what no server can see of it, the client's
-    # own time (connecting, its loop busy) before the request's head reached its socket.
-    out["ttft_wire_client_ms"] = out["ttft_mean_client_ms"] - out["written_mean_ms"]
+    # The client's TTFT on the wire: less what no server can see of it, the client's
+    # own time (connecting, its loop busy) before the request was all in its socket and
+    # after its first chunk reached the client's kernel (as far as its kernel tells).
+    out["read_lag_mean_ms"] = (statistics.fmean(
+        0.0 if math.isnan(r.read_lag) else r.read_lag for r in records if r.status == "ok")
+        * 1e3 if ttfts else math.nan)
+    out["ttft_wire_client_ms"] = (out["ttft_mean_client_ms"] - out["written_mean_ms"]
+                                  - out["read_lag_mean_ms"])
     out["ttft_wire_server_ms"] = out["ttft_mean_server_ms"]
     hist = buckets(d, TTFT)
     edges = sorted(e for e in hist if not math.isinf(e))
@@ -460,19 +479,21 @@ def server_processes() -> list[int]:
     return process_tree(os.getpid())[1:]
 
 
-WRITTEN = "written"
+WRITTEN, READ_LAG = "written", "read_lag"
 
 
-async def _headers_sent(session: aiohttp.ClientSession, ctx: Any,
-                        params: aiohttp.TraceRequestHeadersSentParams) -> None:
+async def _chunk_sent(session: aiohttp.ClientSession, ctx: Any,
+                      params: aiohttp.TraceRequestChunkSentParams) -> None:
+    # Just before the chunk's write: aiohttp holds the head back and writes it with the
+    # body's first chunk, so the last chunk's is when the request is all in the socket.
     if ctx.trace_request_ctx is not None:
         ctx.trace_request_ctx[WRITTEN] = time.perf_counter()
 
 
 def vllm_session(new_connections: bool) -> aiohttp.ClientSession:
-    """vLLM's client's session, timing when each ``traced`` request's head was written."""
+    """vLLM's client's session, timing when each ``traced`` request was written."""
     trace = aiohttp.TraceConfig()
-    trace.on_request_headers_sent.append(_headers_sent)
+    trace.on_request_chunk_sent.append(_chunk_sent)
     return aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=0, force_close=new_connections),
         timeout=aiohttp.ClientTimeout(total=120.0), trace_configs=[trace])
@@ -525,7 +546,8 @@ def kernel_phase(name: str, url: str, model: str, args: argparse.Namespace,
 def show_kernel(name: str, f: dict[str, float]) -> None:
     print(f"{name:32} {f['requests']:4.0f} {f['ok']:4.0f} {f['server_count']:6.0f}"
           + "".join(f" {f[k + '_client_ms']:17.1f} {f[k + '_server_ms']:8.1f} "
-                    f"{f[k + '_err']:+7.1%}" for k in KERNEL_COLUMNS))
+                    f"{f[k + '_err']:+7.1%}" for k in KERNEL_COLUMNS)
+          + f" {f['written_mean_ms']:8.1f} {f['read_lag_mean_ms']:8.1f}")
 
 
 def kernel_part(args: argparse.Namespace, knobs: list[str], slo_file: Path,
@@ -535,7 +557,7 @@ def kernel_part(args: argparse.Namespace, knobs: list[str], slo_file: Path,
     print(f"\nkernel part, completions, vllm's client; TTFT ms: client, server, "
           f"(server - client) / client\n{'':32} {'reqs':>4} {'ok':>4} {'server':>6}"
           + "".join(f" {k.removeprefix('ttft_') + ' client':>17} {'server':>8} {'err':>7}"
-                    for k in KERNEL_COLUMNS))
+                    for k in KERNEL_COLUMNS) + f" {'written':>8} {'read lag':>8}")
     for stamp, launcher in stamps:
         with serve("--executor", "simulated", "--slo", str(slo_file), *knobs,
                    launcher=launcher) as url:

@@ -104,8 +104,8 @@ def test_kernel_prompts_are_drawn_again_from_their_seed() -> None:
 
 def test_kernel_compare_sets_the_servers_mean_against_the_clients_and_its_wire() -> None:
     """The server's mean is its histogram's sum over count, increase over the phase; the
-    wire's client TTFT leaves out the client's own time before its write; a failed
-    request is no client's TTFT."""
+    wire's client TTFT leaves out the client's own time before its write and after its
+    kernel got the first chunk; a failed request is no client's TTFT."""
     cls = ("priority_class", ct.CLASS)
 
     def bucket(le: str) -> tuple[str, tuple[tuple[str, str], ...]]:
@@ -115,15 +115,16 @@ def test_kernel_compare_sets_the_servers_mean_against_the_clients_and_its_wire()
               bucket("0.5"): 4.0, bucket("1.0"): 4.0, bucket("+Inf"): 4.0}
     after = {(f"{ct.TTFT}_sum", (cls,)): 11.5, (f"{ct.TTFT}_count", (cls,)): 6.0,
              bucket("0.5"): 4.0, bucket("1.0"): 6.0, bucket("+Inf"): 6.0}
-    records = [ct.Measured(status="ok", ttft=0.8, written=0.05),
+    records = [ct.Measured(status="ok", ttft=0.8, written=0.05, read_lag=0.02),
                ct.Measured(status="ok", ttft=1.0, written=0.15), ct.Measured()]
     f = ct.kernel_compare(records, before, after)
     assert (f["requests"], f["ok"], f["server_count"]) == (3, 2, 2)
     assert f["ttft_mean_client_ms"] == pytest.approx(900)
     assert f["ttft_mean_server_ms"] == pytest.approx(750)
     assert f["ttft_mean_err"] == pytest.approx(-150 / 900)
-    assert f["ttft_wire_client_ms"] == pytest.approx(800)
-    assert f["ttft_wire_err"] == pytest.approx(-50 / 800)
+    assert f["read_lag_mean_ms"] == pytest.approx(10)  # a lag the kernel never told: 0
+    assert f["ttft_wire_client_ms"] == pytest.approx(790)
+    assert f["ttft_wire_err"] == pytest.approx(-40 / 790)
     assert f["ttft_p50_client_ms"] == pytest.approx(900)
     assert f["ttft_p50_server_ms"] == pytest.approx(750)  # rank 1 of 2 in (0.5, 1.0]
     # The client's two on the server's edges read as the server's buckets do.
