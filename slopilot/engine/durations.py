@@ -1,5 +1,5 @@
 """Durations as a custom resource writes them (``90s``, ``2m``, ``1h30m``), read in
-seconds: by the operator's spec parser."""
+seconds: by the operator's spec parser and by the commands' seconds flags."""
 
 from __future__ import annotations
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from slopilot.engine.seconds_flag import seconds
 from slopilot.engine.sim.dispatch import add_dispatch_argument
 from slopilot.engine.sim.trace_flags import TRACE_DEPLOYMENT, add_trace_arguments
 from slopilot.tuner.tune.settings import DEFAULT_MAX_REPLICAS, DEFAULT_SEEDS, DEFAULT_WARMUP_S
@@ -34,7 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "an existing study of the same name is resumed")
     p.add_argument("--study-name", default=None, help="default: tune-<scenario>")
     w = p.add_argument_group("what each trial is judged on")
-    w.add_argument("--duration", type=float, default=None,
+    w.add_argument("--duration", type=seconds("--duration"), default=None,
                    help="simulated seconds per window (default: 60 for a trace, the "
                         "scenario's duration for a generated workload)")
     w.add_argument("--windows", choices=("auto", "whole"), default="auto",
@@ -44,7 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     w.add_argument("--seeds", type=int, default=None,
                    help=f"workload seeds per trial (default: {DEFAULT_SEEDS}; a generated "
                         "workload only)")
-    w.add_argument("--warmup", type=float, default=None,
+    w.add_argument("--warmup", type=seconds("--warmup"), default=None,
                    help=f"trace seconds simulated before each window (default: "
                         f"{DEFAULT_WARMUP_S:g}, or as long as the trace's requests live "
                         "where longer; a trace only)")

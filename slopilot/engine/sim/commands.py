@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from slopilot.engine.seconds_flag import seconds
 from slopilot.engine.sim.dispatch import add_dispatch_argument
 from slopilot.engine.sim.trace_flags import TRACE_DEPLOYMENT, add_trace_arguments, trace_options
 
@@ -28,7 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         f"{TRACE_DEPLOYMENT})")
     p.add_argument("--set", dest="overrides", action="append", default=[],
                    metavar="KNOB=VALUE", help="override an engine knob (repeatable)")
-    p.add_argument("--duration", type=float, default=None,
+    p.add_argument("--duration", type=seconds("--duration"), default=None,
                    help="simulated seconds (default: the scenario's)")
     p.add_argument("--replicas", type=int, default=None,
                    help="engine replicas (default: the scenario's GPUs / TP)")

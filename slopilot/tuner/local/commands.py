@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from slopilot.engine.seconds_flag import seconds
+
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
@@ -23,12 +25,13 @@ def register(subparsers: Any) -> None:
                    "or a checkpoint PATH; implies --executor torch")
     p.add_argument("--replicas", type=int, default=None, help="default 2; torch 1")
     p.add_argument("--max-replicas", type=int, default=None, help="default 4; torch 1")
-    p.add_argument("--duration", type=float, default=None, metavar="SECONDS",
+    p.add_argument("--duration", type=seconds("--duration"), default=None, metavar="SECONDS",
                    help="seconds of load, the shift half-way; default 240, torch 720")
-    p.add_argument("--shift-at", type=float, default=None, metavar="SECONDS",
+    p.add_argument("--shift-at", type=seconds("--shift-at"), default=None, metavar="SECONDS",
                    help="when the load shifts, in seconds since the start; default "
                    "half of --duration")
-    p.add_argument("--ready-timeout", type=float, default=None, metavar="SECONDS",
+    p.add_argument("--ready-timeout", type=seconds("--ready-timeout"), default=None,
+                   metavar="SECONDS",
                    help="how long each replica and Prometheus may take to answer at start "
                    "(default 60, torch 180; Prometheus 30); a slow or busy machine needs "
                    "more. One that exits fails the start at once")
