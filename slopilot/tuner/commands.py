@@ -59,7 +59,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--set", dest="fixed", action="append", default=[], metavar="KNOB=VALUE",
                    help="fix a knob (not tuned; also applied to the start config)")
     p.add_argument("--bound", dest="bounds", action="append", default=[],
-                   metavar="KNOB=LO:HI", help="narrow a knob's range (or KNOB=a,b for "
+                   metavar="KNOB=LO:HI", help="narrow a knob's range (LO..HI too; KNOB=a,b for "
                    "choices), repeatable; the start config is fitted into it")
     p.add_argument("--profile", metavar="FILE", default=None,
                    help="tune on a calibrated cost profile (from `slopilot calibrate`) "

@@ -174,6 +174,8 @@ def test_bad_input_exits_2_with_the_reason(extra: list[str], message: str,
     ("token_budget=1:99999999",
      "--bound token_budget=1:99999999: leaves the knob's range; use values in [128, 16384]"),
     ("token_budget=512", "--bound token_budget=512: expected two ends, lo and hi"),
+    # The docs write ranges 128..8192; that form was "expected two ends" too.
+    ("token_budget=4096..256", "--bound token_budget=4096..256: lo is above hi; swap them"),
     ("preemption_mode=swap,swap", "--bound preemption_mode=swap,swap: repeats a value"),
 ])
 def test_a_bad_bound_names_the_flag_as_written(bound: str, message: str,

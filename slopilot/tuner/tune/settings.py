@@ -79,10 +79,12 @@ def parse_bounds(items: list[str]) -> dict[str, Any]:
     for item in items:
         name, sep, value = item.partition("=")
         if not sep or not name.strip() or not value:
-            raise ConfigError(f"--bound {item!r}: expected KNOB=LO:HI or KNOB=a,b")
-        if ":" in value:
-            lo, _, hi = value.partition(":")
-            out[name.strip()] = [lo, hi]
+            raise ConfigError(f"--bound {item!r}: expected KNOB=LO:HI (or LO..HI) or "
+                              "KNOB=a,b")
+        # The docs write a range 128..8192, so that form is one too.
+        ends = value.partition("..") if ".." in value else value.partition(":")
+        if ends[1]:
+            out[name.strip()] = [ends[0], ends[2]]
         else:
             out[name.strip()] = value.split(",")
     return out
