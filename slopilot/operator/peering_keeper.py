@@ -34,22 +34,17 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 
 from slopilot.operator.api_reach import MAX_RETRY_S
 from slopilot.operator.kubeapi import ApiError, Kube
 from slopilot.operator.peering import API_VERSION
 from slopilot.operator.peering_needs import RETRY_FIRST_S, LeftOut, PeeringKeeper
+from slopilot.operator.reflector import _pause, _Relist
 from slopilot.operator.watch_stream import OpenWatches, watch_events
 
 log = logging.getLogger(__name__)
 RESYNC_S = 60
 """How long one watch lasts before its collection is listed again."""
-RELIST_FIRST_S = 1.0
-"""The wait before listing again after a watch that ended at once with no event..."""
-RELIST_CAP_S = 30.0
-"""...doubled at each such watch up to this; a watch that told an event or lived this long
-resets it."""
 JOIN_S = 5.0
 """How long a stop waits for the keeper's threads, all together (each ends at once but
 one in a LIST: its watch closed, its waits the stop's); a daemon thread past that."""
@@ -86,22 +81,6 @@ def join_within(threads: Iterable[threading.Thread], within_s: float,
     deadline = clock() + within_s
     for thread in threads:
         thread.join(max(0.0, deadline - clock()))
-
-
-@dataclass
-class _Relist:
-    """The backoff before listing again after watches that ended at once, told nothing."""
-
-    clock: Callable[[], float]
-    delay_s: float = 0.0
-
-    def after(self, began: float, events: int) -> float:
-        """The wait before the next LIST, after a watch that began at ``began``."""
-        if events or self.clock() - began >= RELIST_CAP_S:
-            self.delay_s = 0.0
-        else:
-            self.delay_s = min(self.delay_s * 2, RELIST_CAP_S) or RELIST_FIRST_S
-        return self.delay_s
 
 
 def _namespaces(keeper: PeeringKeeper, stop: threading.Event, watches: OpenWatches,
@@ -189,11 +168,6 @@ def _peerings(keeper: PeeringKeeper, stop: threading.Event, watches: OpenWatches
         except Exception as exc:  # the thread must not die: one deleted stays deleted
             log.warning("slopilot operator: list or watch of KopfPeerings failed (%s); "
                         "listed again in %.0f s", exc, MAX_RETRY_S)
-        stop.wait(wait_s)
-
-
-def _pause(stop: threading.Event, wait_s: float) -> None:
-    if wait_s:  # the stop's own wait: the stop ends it
         stop.wait(wait_s)
 
 
