@@ -571,3 +571,70 @@ def test_the_keepers_threads_are_joined_within_one_deadline() -> None:
     threads = [Joined(clock) for _ in range(3)]
     join_within(threads, JOIN_S, clock=lambda: clock[0])  # type: ignore[arg-type]
     assert [t.timeouts for t in threads] == [[JOIN_S], [0.0], [0.0]]
+
+
+class Scripted(Listing):
+    """A Kube whose LISTs answer as the next of ``answers`` says (the last repeats): an
+    ApiError raised, or else a listing with no items."""
+
+    def __init__(self, stop: threading.Event, answers: list[ApiError | None]) -> None:
+        super().__init__(stop)
+        self.answers = answers
+
+    def request(self, method: str, path: str, *_args: Any, **_kwargs: Any) -> dict[str, Any]:
+        self.lists += 1
+        answer = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+        if answer is not None:
+            raise answer
+        return {"metadata": {"resourceVersion": str(self.lists)}, "items": []}
+
+
+FORBIDDEN = ApiError(403, "Forbidden", "is forbidden")
+
+
+def test_a_list_of_namespaces_refused_is_warned_of_at_each_try(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Without it, no namespace created again or matched by a glob gets its KopfPeering:
+    nothing stands in for it, so each refusal says so again."""
+    from slopilot.operator import peering_keeper
+    from slopilot.operator.api_reach import MAX_RETRY_S
+    from slopilot.operator.peering_needs import PeeringKeeper
+    from slopilot.operator.watch_stream import OpenWatches
+
+    stop = Stop(limit=4)
+    kube = Scripted(stop, [FORBIDDEN, FORBIDDEN, None, FORBIDDEN])
+    watches_that(monkeypatch, [0.0], ["closed"])
+    keeper = PeeringKeeper(kube, PEERING, serving([]))  # type: ignore[arg-type]
+    with caplog.at_level(logging.WARNING):
+        peering_keeper._namespaces(keeper, stop, OpenWatches(), 45)
+    assert stop.waits == [MAX_RETRY_S, MAX_RETRY_S, 1.0, MAX_RETRY_S]
+    assert caplog.text.count("may not list or watch namespaces") == 3, caplog.text
+    assert not keeper.recheck
+
+
+def test_a_list_of_peerings_refused_turns_to_rechecks_warned_of_once_until_listed(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """An install from before the grant: each listing of namespaces GETs each served
+    one's object instead, the LIST of peerings tried again each resync; warned of once
+    (until a LIST is let through and refused again), not each minute."""
+    from slopilot.operator import peering_keeper
+    from slopilot.operator.peering_needs import PeeringKeeper
+    from slopilot.operator.watch_stream import OpenWatches
+
+    stop = Stop(limit=5)
+    kube = Scripted(stop, [FORBIDDEN, FORBIDDEN, None, FORBIDDEN, FORBIDDEN])
+    watches_that(monkeypatch, [0.0], ["closed"])
+    keeper = PeeringKeeper(kube, PEERING, serving([]))  # type: ignore[arg-type]
+    rechecks: list[bool] = []
+    stop_wait = stop.wait
+
+    def wait(timeout: float | None = None) -> bool:
+        rechecks.append(keeper.recheck)
+        return stop_wait(timeout)
+
+    monkeypatch.setattr(stop, "wait", wait)
+    with caplog.at_level(logging.WARNING):
+        peering_keeper._peerings(keeper, stop, OpenWatches(), 45)
+    assert stop.waits == [45, 45, 1.0, 45, 45]
+    assert rechecks == [True, True, False, True, True]
+    assert caplog.text.count("may not list or watch KopfPeerings") == 2, caplog.text
