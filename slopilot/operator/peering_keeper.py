@@ -18,9 +18,13 @@ stays (kopf does not pause then, but its replicas there stop seeing each other),
 a refused create again after a backoff. Where the peering objects may not be watched,
 each listing of namespaces checks each served one's object instead (a GET a minute).
 
-A watch the API server (or a proxy in front of it) ends at once with no event, or with
-its version expired (410), is listed again after a backoff, as client-go's reflector does:
-1 s doubling up to 30 s, back to none after a watch that told events or lived 30 s.
+Each collection is listed and watched by a reflector (reflector.py): a watch the API
+server (or a proxy in front of it) ends at once with no event, or with its version
+expired (410), is listed again after a backoff, as client-go's reflector does: 1 s
+doubling up to 30 s, back to none after a watch that told events or lived 30 s. What
+differs here is the answer to a refusal (403): namespaces are warned of at each try
+(nothing stands in for their watch), peering objects turn to the GETs above, warned of
+once until a listing is let through.
 
 Nothing here stops the operator. The operator's stop closes the open watches at once
 (watch_stream.py) and ends each wait; a LIST in flight is not cut (up to the API call's
@@ -34,12 +38,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from slopilot.operator.api_reach import MAX_RETRY_S
 from slopilot.operator.kubeapi import ApiError, Kube
 from slopilot.operator.peering import API_VERSION
 from slopilot.operator.peering_needs import RETRY_FIRST_S, LeftOut, PeeringKeeper
-from slopilot.operator.reflector import _pause, _Relist
+from slopilot.operator.reflector import Reflector
 from slopilot.operator.watch_stream import OpenWatches, watch_events
 
 log = logging.getLogger(__name__)
@@ -85,90 +90,61 @@ def join_within(threads: Iterable[threading.Thread], within_s: float,
 
 def _namespaces(keeper: PeeringKeeper, stop: threading.Event, watches: OpenWatches,
                 resync_s: int) -> None:
-    relist = _Relist(keeper.clock)
-    while not stop.is_set():
-        began, events = keeper.clock(), 0
-        try:
-            listing = keeper.kube.request("GET", NAMESPACES)
-            if stop.is_set():  # answered after the stop: nothing made of it
-                return
-            keeper.listed(listing.get("items") or [])
-            version = str((listing.get("metadata") or {}).get("resourceVersion", ""))
-            del listing
-            began = keeper.clock()
-            for event in watch_events(keeper.kube, NAMESPACES, version=version,
-                                      timeout_s=resync_s, watches=watches):
-                events += 1
-                if event.get("type") in ("ADDED", "MODIFIED", "DELETED"):
-                    keeper.seen(event["object"], event["type"])
-            # The watch ran its time (or the stop closed it): listed again, at once
-            # unless it ended at once.
-            _pause(stop, relist.after(began, events))
-            continue
-        except ApiError as exc:
-            if exc.status == 410:  # the watch's version expired: listed again
-                _pause(stop, relist.after(began, events))
-                continue
-            if exc.status == 403:
-                log.warning("slopilot operator: may not list or watch namespaces (%s): a "
-                            "namespace created again or matched by a glob gets no "
-                            "KopfPeering; bind slopilot-operator-namespaced "
-                            "(manifests/namespaced-rbac.yaml)", exc)
-            else:
-                log.warning("slopilot operator: list or watch of namespaces: %s; listed "
-                            "again in %.0f s", exc, MAX_RETRY_S)
-        except Exception as exc:  # the thread must not die: kopf would pause again
-            log.warning("slopilot operator: list or watch of namespaces failed (%s); "
-                        "listed again in %.0f s", exc, MAX_RETRY_S)
-        stop.wait(MAX_RETRY_S)
+    def seen(event: dict[str, Any]) -> None:
+        if event.get("type") in ("ADDED", "MODIFIED", "DELETED"):
+            keeper.seen(event["object"], event["type"])
+
+    def forbidden(exc: ApiError, _first: bool) -> float:
+        # Nothing stands in for this watch: each refusal says so again.
+        log.warning("slopilot operator: may not list or watch namespaces (%s): a "
+                    "namespace created again or matched by a glob gets no KopfPeering; "
+                    "bind slopilot-operator-namespaced (manifests/namespaced-rbac.yaml)",
+                    exc)
+        return MAX_RETRY_S
+
+    _reflector(keeper, stop, watches, resync_s, NAMESPACES, "namespaces",
+               listed=lambda listing: keeper.listed(listing.get("items") or []),
+               seen=seen, forbidden=forbidden).run()
 
 
 def _peerings(keeper: PeeringKeeper, stop: threading.Event, watches: OpenWatches,
               resync_s: int) -> None:
-    warned = False
-    relist = _Relist(keeper.clock)
-    while not stop.is_set():
-        wait_s = MAX_RETRY_S
-        began, events = keeper.clock(), 0
-        try:
-            listing = keeper.kube.request("GET", PEERINGS)
-            if stop.is_set():  # answered after the stop: nothing made of it
-                return
-            keeper.peerings_listed([
-                str(p["metadata"].get("namespace")) for p in listing.get("items") or []
-                if p.get("metadata", {}).get("name") == keeper.name])
-            version = str((listing.get("metadata") or {}).get("resourceVersion", ""))
-            del listing
-            warned = False
-            began = keeper.clock()
-            for event in watch_events(keeper.kube, PEERINGS, version=version,
-                                      timeout_s=resync_s, watches=watches):
-                events += 1
-                meta = (event.get("object") or {}).get("metadata") or {}
-                if event.get("type") == "DELETED" and meta.get("name") == keeper.name:
-                    keeper.peering_gone(str(meta.get("namespace")))
-            _pause(stop, relist.after(began, events))
-            continue
-        except ApiError as exc:
-            if exc.status == 410:
-                _pause(stop, relist.after(began, events))
-                continue
-            if exc.status == 403:  # an install from before this grant: checked by GETs
-                keeper.recheck, wait_s = True, resync_s
-                if not warned:
-                    log.warning("slopilot operator: may not list or watch KopfPeerings "
-                                "across namespaces (%s): each served namespace's is "
-                                "checked each %d s instead; bind "
-                                "slopilot-operator-namespaced "
-                                "(manifests/namespaced-rbac.yaml)", exc, resync_s)
-                warned = True
-            else:
-                log.warning("slopilot operator: list or watch of KopfPeerings: %s; listed "
-                            "again in %.0f s", exc, MAX_RETRY_S)
-        except Exception as exc:  # the thread must not die: one deleted stays deleted
-            log.warning("slopilot operator: list or watch of KopfPeerings failed (%s); "
-                        "listed again in %.0f s", exc, MAX_RETRY_S)
-        stop.wait(wait_s)
+    def listed(listing: dict[str, Any]) -> None:
+        keeper.peerings_listed([
+            str(p["metadata"].get("namespace")) for p in listing.get("items") or []
+            if p.get("metadata", {}).get("name") == keeper.name])
+
+    def seen(event: dict[str, Any]) -> None:
+        meta = (event.get("object") or {}).get("metadata") or {}
+        if event.get("type") == "DELETED" and meta.get("name") == keeper.name:
+            keeper.peering_gone(str(meta.get("namespace")))
+
+    def forbidden(exc: ApiError, first: bool) -> float:
+        # An install from before this grant: each served namespace's object is checked
+        # by a GET at each listing of namespaces, so one warning says it all.
+        keeper.recheck = True
+        if first:
+            log.warning("slopilot operator: may not list or watch KopfPeerings across "
+                        "namespaces (%s): each served namespace's is checked each %d s "
+                        "instead; bind slopilot-operator-namespaced "
+                        "(manifests/namespaced-rbac.yaml)", exc, resync_s)
+        return resync_s
+
+    _reflector(keeper, stop, watches, resync_s, PEERINGS, "KopfPeerings",
+               listed=listed, seen=seen, forbidden=forbidden).run()
+
+
+def _reflector(keeper: PeeringKeeper, stop: threading.Event, watches: OpenWatches,
+               resync_s: int, path: str, what: str, *,
+               listed: Callable[[dict[str, Any]], None],
+               seen: Callable[[dict[str, Any]], None],
+               forbidden: Callable[[ApiError, bool], float]) -> Reflector:
+    return Reflector(
+        what, list_all=lambda: keeper.kube.request("GET", path),
+        watch_from=lambda version: watch_events(keeper.kube, path, version=version,
+                                                timeout_s=resync_s, watches=watches),
+        listed=listed, seen=seen, forbidden=forbidden, stop=stop, clock=keeper.clock,
+        log=log)
 
 
 def _retries(keeper: PeeringKeeper, stop: threading.Event, _watches: OpenWatches,
