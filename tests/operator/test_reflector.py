@@ -17,25 +17,10 @@ import pytest
 from slopilot.operator.api_reach import MAX_RETRY_S
 from slopilot.operator.kubeapi import ApiError
 from slopilot.operator.reflector import RELIST_CAP_S, RELIST_FIRST_S, Reflector
+from tests.operator.test_peering_keeper import Stop
 
 GONE = ApiError(410, "Gone", "too old resource version")
 FORBIDDEN = ApiError(403, "Forbidden", "namespaces is forbidden")
-
-
-class Stop(threading.Event):
-    """The operator's stop: each wait returns at once, recorded; set after ``limit`` of
-    them (or by the test)."""
-
-    def __init__(self, limit: int) -> None:
-        super().__init__()
-        self.waits: list[float | None] = []
-        self.limit = limit
-
-    def wait(self, timeout: float | None = None) -> bool:
-        self.waits.append(timeout)
-        if len(self.waits) >= self.limit:
-            self.set()
-        return self.is_set()
 
 
 class Api:
