@@ -8,6 +8,9 @@ server's loop is held while the client sends, and let go only once the kernel ha
 bytes and its own clock says 50 ms have passed since (``tests.support.held_loop``). The
 stamp must then precede the release by that much, less the kernel's tick twice, and not
 precede the send. No speed in the assertions: the waits are on conditions the kernel reports.
+
+A request whose body comes in pieces (a slow upload) is stamped by its last byte: the
+client's upload is its own link's time, and the server could start only once it had it.
 """
 
 from __future__ import annotations
@@ -45,9 +48,9 @@ def _request(path: str) -> bytes:
             b"content-length: %d\r\n\r\n" % (path.encode(), len(body)) + body)
 
 
-def _answer(sock: socket.socket) -> None:
+def _answer(sock: socket.socket, answers: int = 1) -> None:
     got = b""
-    while not got.endswith(b"ok"):
+    while got.count(b"\r\n\r\nok") < answers:
         chunk = sock.recv(65536)
         assert chunk, f"the connection closed after {got!r}"
         got += chunk
@@ -77,11 +80,11 @@ def _serve(factory: Factory) -> Iterator[_Server]:
         if scope["type"] != "http":
             return
         server = box[0]
-        with server.called:
-            server.stamps[scope["path"]] = scope[SCOPE_KEY]
-            server.called.notify_all()
         while (await receive()).get("more_body"):
             pass
+        with server.called:  # read once the body is whole, as the apps read it
+            server.stamps[scope["path"]] = scope[SCOPE_KEY]
+            server.called.notify_all()
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-length", b"2")]})
         await send({"type": "http.response.body", "body": b"ok"})
@@ -151,6 +154,59 @@ def test_a_kept_alive_connections_next_request_is_stamped_when_its_bytes_came(
             released = release()
         _answer(sock)
         _assert_stamped_by_the_kernel(server.stamp("/two"), sent, released)
+
+
+def _chunked(path: str, chunks: list[bytes]) -> bytes:
+    return (b"POST %s HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"transfer-encoding: chunked\r\n\r\n" % path.encode()
+            + b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in chunks) + b"0\r\n\r\n")
+
+
+def _content_length_split(path: str) -> tuple[bytes, bytes]:
+    """A request cut 10 bytes into its body, as the reviewer's slow client sent it."""
+    request = _request(path)
+    cut = request.index(b"\r\n\r\n") + 4 + 10
+    return request[:cut], request[cut:]
+
+
+def _chunked_split(path: str) -> tuple[bytes, bytes]:
+    """A chunked request cut after its first chunk: the rest, and its last chunk, later."""
+    request = _chunked(path, [b'{"prompt": ', b'"hi"}'])
+    cut = request.index(b"\r\n\r\n") + 4 + len(b"b\r\n{\"prompt\": \r\n")
+    return request[:cut], request[cut:]
+
+
+def _pipelined_split(path: str) -> tuple[bytes, bytes]:
+    """``/first``, whole, with ``path``'s head and part of its body behind it."""
+    head, rest = _content_length_split(path)
+    return _request("/first") + head, rest
+
+
+SPLITS = [pytest.param(_content_length_split, id="content-length"),
+          pytest.param(_chunked_split, id="chunked"),
+          pytest.param(_pipelined_split, id="pipelined")]
+
+
+@pytest.mark.parametrize("split", SPLITS)
+@pytest.mark.parametrize("factory", PROTOCOLS)
+def test_a_request_whose_body_trickles_in_is_stamped_by_its_last_byte(
+        factory: Factory, split: Callable[[str], tuple[bytes, bytes]]) -> None:
+    """The head and a part of the body, then (HELD_MS later by the kernel's clock) the
+    rest, which waits HELD_MS more in the kernel while the loop is held: the stamp is
+    when the rest came, still backdated by the loop's hold."""
+    first, rest = split("/one")
+    with _serve(factory) as server, \
+            socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.settimeout(HANG_GUARD_S)
+        sock.sendall(first)
+        wait_in_the_kernel(sock, HELD_MS)  # the client's upload, paused
+        with held(server.loop) as release:
+            sent = time.monotonic()
+            sock.sendall(rest)
+            wait_in_the_kernel(sock, HELD_MS)
+            released = release()
+        _answer(sock, 2 if split is _pipelined_split else 1)
+        _assert_stamped_by_the_kernel(server.stamp("/one"), sent, released)
 
 
 def test_only_a_tcp_socket_tells_when_its_bytes_came() -> None:

@@ -10,10 +10,11 @@
   it with at most ``SEND_AHEAD_BYTES`` unsent ahead of it (``send_ahead``), the closest
   the meter sees to its client having it, read in steps that let the loop relay the
   other streams between them (``_read``), and judged at its end against the objectives
-  of its class as they stood at its arrival. Its arrival is when its bytes reached the
-  meter's kernel, as the server's protocol stamped it (``http_arrival``), not when the
-  app was called (for a request pipelined behind another on one connection, a whole
-  answer later) nor when the loop read them (a busy or stopped loop's wait counts).
+  of its class as they stood at its arrival. Its arrival is when its last byte (the end
+  of its body) reached the meter's kernel, as the server's protocol stamped it
+  (``http_arrival``), not when the app was called (for a request pipelined behind
+  another on one connection, a whole answer later) nor when the loop read them (a busy
+  or stopped loop's wait counts); a client's slow upload is its own link's time.
 - A client that goes away has the upstream request closed at once, so vLLM aborts it
   and frees its cache rather than generating for nobody.
 - Each judged stream's first tokens and token gaps are observed as they are written
@@ -213,19 +214,17 @@ class Meter:
             return
         if scope["type"] != "http":
             return  # websockets: vLLM's OpenAI API has none
-        stamp = scope.get(SCOPE_KEY)
-        arrival = float(stamp) if stamp is not None else self.clock()
         declared = _declared_length(scope)
         if declared is not None and declared > self.max_body_bytes:
             await self._too_large(send, str(declared))
             return
         hold = self.budget.hold()
         try:
-            await self._exchange(scope, receive, send, arrival, hold)
+            await self._exchange(scope, receive, send, hold)
         finally:
             hold.release()
 
-    async def _exchange(self, scope: Scope, receive: Receive, send: Send, arrival: float,
+    async def _exchange(self, scope: Scope, receive: Receive, send: Send,
                         hold: Hold) -> None:
         # A body for generation is vLLM's to parse on its loop: its items are counted as
         # it arrives, and past the bound it is refused unparsed, counted nowhere (as a
@@ -243,6 +242,10 @@ class Meter:
         if body is None:
             await self._too_large(send, f"over {self.max_body_bytes}")
             return
+        # Read only now: the protocol moves the stamp to the body's last byte once it
+        # has it (``http_arrival``), and the body was read whole.
+        stamp = scope.get(SCOPE_KEY)
+        arrival = float(stamp) if stamp is not None else self.clock()
         exchange = _Exchange()
         self.running.add(exchange)
         forward = asyncio.ensure_future(self._forward(scope, body, send, arrival, exchange,

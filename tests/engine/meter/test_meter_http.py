@@ -155,6 +155,33 @@ def test_a_pipelined_streams_wait_behind_the_one_before_is_judged(served: _Serve
                                    (Priority.P0, LABEL, False): (1, 1)}
 
 
+def test_a_stream_whose_body_trickles_in_is_judged_from_its_last_byte(
+        served: _Served) -> None:
+    """The reviewer's slow client: the head and 10 bytes of the body, 3 s of its upload
+    paused, then the rest; its first token 80 ms after. The 3 s were its link's, which no
+    replica could shorten: its TTFT is 80 ms, met, not 3.08 s."""
+    request = _completion()
+    cut = request.index(b"\r\n\r\n") + 4 + 10
+    with socket.create_connection(("127.0.0.1", served.port)) as sock:
+        sock.settimeout(HANG_GUARD_S)
+        sock.sendall(request[:cut])  # at 100
+        wait_for(lambda: sum(served.read) == cut, what="the meter to read the first part")
+        served.now[0] = 103.0
+        sock.sendall(request[cut:])
+        wait_for(lambda: len(served.upstream.requests) == 1, what="the request forwarded")
+        served.now[0] = 103.08
+        served.upstream.release[0].set()
+        answer = b""
+        while b"data: [DONE]" not in answer:
+            got = sock.recv(65536)
+            assert got, f"the connection closed after {answer!r}"
+            answer += got
+    wait_for(lambda: counted(served.app) != {}, what="the stream judged")
+    assert counted(served.app) == {(Priority.P0, LABEL, True): (1, 1)}
+    assert (served.app.latency.ttft.count, served.app.latency.ttft.total) == \
+        (1, pytest.approx(0.08))
+
+
 def test_the_engines_date_and_server_reach_the_client_once(served: _Served) -> None:
     served.upstream.release[0].set()
     url = f"http://127.0.0.1:{served.port}"
