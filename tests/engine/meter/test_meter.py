@@ -543,7 +543,7 @@ def test_a_chat_streams_token_limit_is_read_in_either_spelling(tmp_path: Path,
 
 
 def test_a_request_is_judged_from_the_servers_stamp_of_its_arrival(tmp_path: Path) -> None:
-    """The server stamps a request when its bytes came in (``http_arrival``); the app is
+    """The server stamps a request when its last byte came in (``http_arrival``); the app is
     called later, a whole answer later for a request pipelined behind another. Its
     client's wait counts from the stamp: a first token 200 ms after the app was called
     but 1.2 s after the bytes came missed the 500 ms target."""
