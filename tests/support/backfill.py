@@ -24,12 +24,16 @@ _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{([^}]*)\})? (\S+)$")
 
 def steady_scrapes(slo: SLOSpec, *, t0: float, end_s: int, scrape_s: int,
                    per_class_rate: int, ttft_s: Callable[[int], float],
-                   labels: str) -> list[str]:
+                   labels: str, busy: float = 0.5) -> list[str]:
     """OpenMetrics sample lines of one replica scraped every ``scrape_s`` from ``t0`` to
     ``t0 + end_s``: ``per_class_rate`` requests of P0 and of P1 finish each second, with
     the TTFT ``ttft_s(second)`` (jittered 10 %), ten tokens 20 ms apart, and the meter's
-    verdict against ``slo``. ``labels``: the target's, on every series."""
-    metrics = EngineMetrics("m")
+    verdict against ``slo``; its executor runs ``busy`` of each second
+    (``slopilot_busy_ratio``). ``labels``: the target's, on every series."""
+    second = 0
+    # The engine's own clock is the history's: its sliding gauges (the busy ratio, the
+    # decode stall) read the seconds fed to them, not the test's monotonic clock.
+    metrics = EngineMetrics("m", clock=lambda: float(second))
     metrics.set_slo(slo)
     jitter = random.Random(1)
     lines: list[str] = []
@@ -46,7 +50,7 @@ def steady_scrapes(slo: SLOSpec, *, t0: float, end_s: int, scrape_s: int,
                 cls = slo.class_slo(p)
                 met = cls.ttft_p99_ms is None or ttft * 1000 <= cls.ttft_p99_ms
                 metrics.observe_verdict(p, cls, met=met, tokens=10)
-        metrics.on_step(now=float(second), elapsed_s=0.5, num_running=3, num_waiting=0,
+        metrics.on_step(now=float(second), elapsed_s=busy, num_running=3, num_waiting=0,
                         num_swapped=0, kv_usage=0.1, iteration_tokens=4,
                         num_preempted_recompute=0, num_preempted_swap=0, swap_s=0.0,
                         prefix_queries=0, prefix_hits=0)
