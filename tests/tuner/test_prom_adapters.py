@@ -102,8 +102,8 @@ def test_a_window_reads_the_replicas_busy_ratio_where_they_export_it() -> None:
     not measured."""
     from slopilot.engine.sim.summary_view import footer
 
-    q = Recorded({"avg(last_over_time(slopilot_busy_ratio": 0.55,
-                  "max(last_over_time(slopilot_busy_ratio": 0.7, **answers()})
+    q = Recorded({"sum(sum_over_time(slopilot_busy_ratio": 0.55,
+                  "max(avg_over_time(slopilot_busy_ratio": 0.7, **answers()})
     s = windows(q).measure(90.0, 100.0, canary=False)
     assert (s.busy_ratio, s.busy_ratio_max) == (0.55, 0.7)
     assert "busy per replica 55% mean, 70% max" in footer(s)[0]

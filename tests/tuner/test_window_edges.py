@@ -6,6 +6,10 @@ window (it read 16 % low); one whose scrapes failed (``up`` 0) for the last 60 s
 21 % low, and the deployment's figures 10 % low. A pod that joined 10 s before the end
 (or left 10 s after the start), one sample in the window, rejected the whole
 deployment's window, saying a window must span two scrape intervals: a 300 s window does.
+And the deployment's busy ratio was the replicas' last readings averaged alike: one of
+three come up 85 s before the end (idler, as a new pod is) weighed as much as the two
+there all along and read 15 % low; one gone 95 s into the window, its last reading from
+then, 17 % low.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from slopilot.engine.metric_window import SlidingSum
 from slopilot.engine.sim.scenario import load_scenario
 from slopilot.engine.window_summary import WindowSummary
 from slopilot.tuner.prometheus.adapters import PrometheusWindows
@@ -39,12 +44,13 @@ class History:
 
 
 def replica(deployment: str, instance: str, *, first_s: int = 0, last_s: int = SPAN_S,
-            up_until_s: int | None = None, t0: float) -> list[str]:
-    """One replica's scrapes from ``first_s`` to ``last_s`` (seconds into the history);
-    from ``up_until_s`` on its scrapes fail: ``up`` 0 and no engine series."""
+            up_until_s: int | None = None, busy: float = 0.5, t0: float) -> list[str]:
+    """One replica's scrapes from ``first_s`` to ``last_s`` (seconds into the history),
+    its executor running ``busy`` of each second; from ``up_until_s`` on its scrapes
+    fail: ``up`` 0 and no engine series."""
     labels = f'instance="{instance}",slopilot_deployment="{deployment}",job="j"'
     lines = steady_scrapes(SLO, t0=t0 + first_s, end_s=last_s - first_s, scrape_s=SCRAPE_S,
-                           per_class_rate=1, ttft_s=lambda _: 0.3, labels=labels)
+                           per_class_rate=1, ttft_s=lambda _: 0.3, labels=labels, busy=busy)
     if up_until_s is None:
         return lines
     cut = t0 + up_until_s
@@ -84,6 +90,13 @@ def history(prometheus_binaries: PrometheusBinaries,  # noqa: F811 - the fixture
     # Beside two replicas all the window, C came up 15 s before its end: one sample.
     lines += replica("late", A, t0=t0) + replica("late", B, t0=t0)
     lines += replica("late", C, t0=t0, first_s=SPAN_S - 20, last_s=SPAN_S - 20)
+    # Two replicas busy 90 % all the window; a third, busy 30 %, came up 70 % into it
+    # (scaled up: a new pod gets less of the traffic at first), or went 30 % into it,
+    # busy 20 % (scaled down: it drained first).
+    for name, others in (("scaledup", {"first_s": start + 210, "busy": 0.3}),
+                         ("scaleddown", {"last_s": start + 90, "busy": 0.2})):
+        lines += replica(name, A, t0=t0, busy=0.9) + replica(name, B, t0=t0, busy=0.9)
+        lines += replica(name, C, t0=t0, **others)
     backfill(prometheus_binaries, lines, workdir / "data")
     server = start_prometheus(prometheus_binaries, workdir)
     yield History(server.url, t0 + SPAN_S - 5)
@@ -196,3 +209,40 @@ def test_a_short_window_still_says_its_span(history: History) -> None:
     # 40 s over 15 s scrapes: under four scrapes, the window itself is too short.
     with pytest.raises(WindowRejected, match=r"left 1 sample.*span at least"):
         measure(history, "late", window_s=40)
+
+
+def gauge(busy: float) -> float:
+    """What the engine's busy ratio reads, steady, of an executor running ``busy`` of each
+    second (its sliding window fed as ``steady_scrapes`` feeds it)."""
+    window = SlidingSum(30.0)
+    for second in range(60):
+        window.add(busy, float(second))
+    return window.ratio(59.0)
+
+
+@pytest.mark.prometheus
+@pytest.mark.parametrize(("deployment", "third"), [
+    # C's first sample 90 s before the history's end: 85 s of the window.
+    ("scaledup", (0.3, 85)),
+    # C's last sample 210 s before the history's end: the window's first 95 s.
+    ("scaleddown", (0.2, 95))])
+def test_the_deployments_busy_ratio_weighs_each_replica_by_its_time_in_the_window(
+        history: History, deployment: str, third: tuple[float, int]) -> None:
+    # The share of the window the engines ran: every replica's busy time over every
+    # replica's time there, as the simulator's is (the two there all along, and C).
+    present = [(0.9, WINDOW_S), (0.9, WINDOW_S), third]
+    true = sum(gauge(busy) * s for busy, s in present) / sum(s for _, s in present)
+    summary = measure(history, deployment)
+    assert summary.busy_ratio == pytest.approx(true, rel=0.03)
+    assert summary.busy_ratio_max == pytest.approx(gauge(0.9), rel=0.03)
+
+
+@pytest.mark.prometheus
+def test_a_pod_left_out_at_the_windows_edge_is_left_out_of_the_busy_ratio_too(
+        history: History) -> None:
+    # C's one sample, its first, reads its busy over the half second it had run: 100 %.
+    # Left out of the deployment's rates, it made the busiest replica's share and a third
+    # of the mean.
+    summary = measure(history, "late")
+    assert summary.busy_ratio == pytest.approx(gauge(0.5), rel=0.03)
+    assert summary.busy_ratio_max == pytest.approx(gauge(0.5), rel=0.03)

@@ -71,6 +71,18 @@ _GOODPUT = "slopilot:goodput_tokens:per_second"
 _PREEMPT = "slopilot:preemptions:per_minute"
 
 
+def busy_window(selector: str, window: str) -> tuple[str, str]:
+    """The replicas' busy ratio over ``window``, mean and busiest: the share of every
+    replica's time there that its executor ran (each one's readings summed, over their
+    count: each weighs for the scrapes it answered there), and the busiest replica's
+    share of its own time there. A replica with fewer than ``MIN_REPLICA_SAMPLES``
+    readings there is in neither, as it is in no rate."""
+    series = f"{BUSY}{selector}[{window}]"
+    counted = f"(count_over_time({series}) >= {MIN_REPLICA_SAMPLES})"
+    return (f"sum(sum_over_time({series}) and {counted}) / sum({counted})",
+            f"max(avg_over_time({series}) and {counted})")
+
+
 def range_s(start: float, end: float) -> int:
     """The whole seconds of PromQL's range over ``[start, end]`` (at least 2)."""
     if not (math.isfinite(start) and math.isfinite(end)) or end - start < 2:
@@ -174,10 +186,14 @@ class PrometheusWindows:
         # traffic that its config starves (``ClassFigures.requests_awaiting``).
         if (waiting := awaiting_count(self.latency.ttft, s, w)) is not None:
             out["awaiting"] = {None: waiting}
-        # The built-in engine's busy ratio (its own sliding share of wall time) as at the
-        # window's end, as the direct scrape reads it; vLLM exports none (not measured).
-        for stat in ("avg", "max"):
-            out[f"busy_{stat}"] = {None: f"{stat}(last_over_time({BUSY}{s}[{w}]))"}
+        # The built-in engine's busy ratio (its own sliding share of wall time) over the
+        # window; vLLM exports none (not measured). Each replica counts for the time it
+        # was there, as in the rates: the mean of every replica's samples, not of each
+        # one's last (a replica come up 85 s before the end of 300 s weighed as much as
+        # one there all along, one gone early read as of when it went). One with a
+        # single sample is left out, as of the rates (``thinly_scraped``).
+        mean, busiest = busy_window(s, w)
+        out["busy_avg"], out["busy_max"] = {None: mean}, {None: busiest}
         out["throughput"] = {None: f"sum by (priority_class) (rate("
                                    f"vllm:request_generation_tokens_sum{s}[{w}]))"}
         # Every class together, as the simulator's overall P99 (no recording rule has it).
