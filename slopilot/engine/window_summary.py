@@ -248,7 +248,9 @@ class WindowSummary:
     classes: Mapping[Priority, ClassFigures]
     replicas: int | None = None
     busy_ratio: float | None = None
-    """The share of the window the engines ran, averaged over replicas (0..1)."""
+    """The share of the window the engines ran, averaged over replicas (0..1). From
+    Prometheus, the mean of every replica's readings in the window, each replica counted
+    for its time there; the direct scrape reads them as at the window's end."""
     busy_ratio_max: float | None = None
     """The busiest replica's share (0..1)."""
     request_rate: float | None = None

@@ -16,7 +16,9 @@ A review's backfilled histories (15 s scrapes, a 300 s window):
 - Its mirror: a canary whose samples start after the window's start (scaled up, a
   rollout's new pod) read 50 % low over the whole window, and a P99 of its few samples.
   It rejects the window (``started``); a replica the deployment gained counts for the
-  time it served, as one it lost.
+  time it served, as one it lost; and in the busy ratio too (``adapters.busy_window``:
+  the mean of every replica's readings, not of each one's last, which weighed a replica
+  there for 85 s of 300 as one there all along and read 15 % low).
 - A pod that joined or left inside the window holds one sample there, which no rate
   reads. Its requests are in no figure, but where the window spans many scrapes they are
   under two scrapes' worth of one replica: a small share of the deployment's, left out
