@@ -434,7 +434,8 @@ def tuning_section(spec: Mapping[str, Any], engine: EngineConfig, running: Engin
                  else "spec.alerts.scrapeInterval's")
         least = duration(math.ceil(WINDOW_SCRAPES * scrape_s))
         # The schema stores the default in every CR: its text is all there is to tell by.
-        said = (f"spec.tuning.window={window!r} (the default where it is left out)"
+        said = (f"spec.tuning.window={window!r} (as written, or the default the schema "
+                "stores where none is)"
                 if window == DEFAULT_WINDOW else f"spec.tuning.window={window!r}")
         warnings.append(
             f"{said} spans under {WINDOW_SCRAPES} of {whose} "

@@ -91,3 +91,12 @@ def test_a_default_window_under_four_scrapes_says_it_is_the_default() -> None:
     said = [w for w in spec.warnings if "spec.tuning.window" in w]
     assert len(said) == 1 and "the default" in said[0] \
         and "set spec.tuning.window to at least 4m" in said[0], spec.warnings
+
+
+def test_a_window_written_as_the_default_is_not_said_to_be_left_out() -> None:
+    """The schema stores the default in every CR, so 2m written and 2m left out read the
+    same: the warning said "(the default where it is left out)" to a user who wrote it."""
+    spec = parse(tuning={"window": "2m"}, alerts={"scrapeInterval": "1m"})
+    said = [w for w in spec.warnings if "spec.tuning.window" in w]
+    assert len(said) == 1 and "left out" not in said[0], said
+    assert "as written, or the default" in said[0], said
