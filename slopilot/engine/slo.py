@@ -12,6 +12,7 @@ rule needs one limit, it takes the strictest class's (``max_preemptions_per_min`
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -61,12 +62,23 @@ class SLOError(ValueError):
         self.field = field
 
 
-# CRD spellings (camelCase) accepted beside the Python ones.
-_ALIASES = {
-    "ttftP99Ms": "ttft_p99_ms", "tbtP99Ms": "tbt_p99_ms",
-    "maxPreemptionsPerMinute": "max_preemptions_per_min",
-    "maxPreemptionsPerMin": "max_preemptions_per_min", "prefixHitMin": "prefix_hit_min",
-}
+# The CR's spelling of each objective (its CRD field, camelCase), accepted beside the
+# Python one; maxPreemptionsPerMin as an older spelling.
+_CAMEL = {"ttft_p99_ms": "ttftP99Ms", "tbt_p99_ms": "tbtP99Ms",
+          "max_preemptions_per_min": "maxPreemptionsPerMinute",
+          "prefix_hit_min": "prefixHitMin"}
+_ALIASES = {camel: name for name, camel in _CAMEL.items()} | {
+    "maxPreemptionsPerMin": "max_preemptions_per_min"}
+
+
+def _unknown_objective(key: str, names: set[str]) -> str:
+    """The error of an unknown objective, in the spelling its key was written in (a CR's
+    camelCase or the file's snake_case), with the nearest name where one is close."""
+    shown = sorted(_CAMEL[n] for n in names) if any(c.isupper() for c in key) \
+        else sorted(names)
+    near = difflib.get_close_matches(key, shown, n=1, cutoff=0.75)
+    hint = f" (did you mean {near[0]}?)" if near else ""
+    return f"unknown objective{hint}; use one of: {', '.join(shown)}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,8 +253,7 @@ class SLOSpec:
             for k, v in overrides.get(p, {}).items():
                 k = _ALIASES.get(k, k)
                 if k not in names:
-                    raise SLOError(f"classes.{p.label}.{k}: unknown objective; "
-                                   f"use one of: {', '.join(sorted(names))}",
+                    raise SLOError(f"classes.{p.label}.{k}: {_unknown_objective(k, names)}",
                                    f"classes.{p.label}.{k}")
                 changes[k] = v
             try:

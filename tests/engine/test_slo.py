@@ -62,6 +62,22 @@ def test_bad_specs_name_the_field_and_the_fix(data: Any, message: str) -> None:
         SLOSpec.from_dict(data)
 
 
+@pytest.mark.parametrize(("key", "said"), [
+    ("ttftP99ms", "unknown objective (did you mean ttftP99Ms?); use one of: "
+     "maxPreemptionsPerMinute, prefixHitMin, tbtP99Ms, ttftP99Ms"),
+    ("tbt_p99", "unknown objective (did you mean tbt_p99_ms?); use one of: "
+     "max_preemptions_per_min, prefix_hit_min, tbt_p99_ms, ttft_p99_ms"),
+    ("latency", "unknown objective; use one of: max_preemptions_per_min, prefix_hit_min, "
+     "tbt_p99_ms, ttft_p99_ms")])
+def test_an_unknown_objective_is_answered_in_the_spelling_it_was_written_in(
+        key: str, said: str) -> None:
+    # The file takes an LLMDeployment's spec.slo shape (camelCase); a camelCase typo was
+    # told the snake_case names, and no nearest one.
+    with pytest.raises(SLOError) as caught:
+        SLOSpec.from_dict({"classes": {"p0": {key: 100}}})
+    assert str(caught.value) == f"classes.p0.{key}: {said}"
+
+
 def test_not_a_mapping_and_bad_class_lookup() -> None:
     with pytest.raises(SLOError, match="expected a mapping"):
         SLOSpec.from_dict(["strict"])  # type: ignore[arg-type]

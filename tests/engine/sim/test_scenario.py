@@ -211,7 +211,8 @@ def test_the_allowed_keys_and_values_are_listed_once(tmp_path: Path, edit: tuple
      "mine.yaml: slo.classes.p0.ttft_p99_ms=-3: expected a positive number, or null for best "
      "effort"),
     ("{profile: standard, classes: {p0: {ttfp_p99_ms: 3}}}",
-     "mine.yaml: slo.classes.p0.ttfp_p99_ms: unknown objective; use one of: "),
+     "mine.yaml: slo.classes.p0.ttfp_p99_ms: unknown objective (did you mean "
+     "ttft_p99_ms?); use one of: "),
     ("{profile: fast, classes: {p0: {ttft_p99_ms: 3}}}",
      "mine.yaml: slo.profile='fast': unknown SLO profile; use one of: strict, standard, "
      "relaxed"),
