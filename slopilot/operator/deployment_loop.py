@@ -524,30 +524,35 @@ class DeploymentLoop:
         whole, backend, body = self._episode_config(controller)
         controller.stop(now, reason)
         if whole is not None:
+            if backend == Backend.VLLM.value and trial_recorded(body):
+                # Held before the patch: one the API refuses is made again at each step
+                # (_keep_taken_back), as no sync puts a vLLM Deployment's arguments back.
+                self.taken_back = (body.get("status") or {}).get("tunedConfig")
+                self.taken_back_to = whole, backend
             # Sent, not recorded: apply_config records status.tunedConfig first, which
             # the status refuses as it refuses the loop's writes.
             try:
                 self.handle.take_back(whole, backend)
-            except Exception:  # the sync, at this step and when due, tries again
+            except Exception:  # the sync (on vLLM, _keep_taken_back) tries again
                 log.exception("%s: could not put the episode's config back after trial %d",
                               self.key, trial.number)
-            else:
-                if backend == Backend.VLLM.value and trial_recorded(body):
-                    self.taken_back = (body.get("status") or {}).get("tunedConfig")
-                    self.taken_back_to = whole, backend
         self.synced_at = None  # the pods checked against the trial's end at once
         self._say(reason)
 
     def _recognise_taken_back(self, body: Mapping[str, Any]) -> None:
         """A take-back made by an earlier process of this operator (restarted while the
-        status took no write), recognised from what outlives it: the Deployment's stamp
-        (present, verified or not: a key rotated since leaves it unverified), ``body``'s
-        record of a vLLM trial, and the loop state built from that status owing the
-        episode's config with no trial running (the trial was ended, told failed in its
-        study: ``trial_ends.end_told``). Held as ``_end_unrecorded_trial`` holds its
-        own, so that ``_keep_taken_back`` keeps the trial's arguments off the pods,
-        stamped under the key held now, and the write that next takes reduces the
-        record (vllm_take_back.py)."""
+        status took no write), recognised from what outlives it: ``body``'s record of a
+        vLLM trial, and the loop state built from that status owing the episode's config
+        with no trial running (the trial was ended, told failed in its study:
+        ``trial_ends.end_told``, which makes that restore owed), or, where no restore is
+        owed, the Deployment's stamp (present, verified or not: a key rotated since
+        leaves it unverified). An owed restore needs no stamp: the old process may have
+        died between telling the study and its take-back's patch (or the API refused
+        that patch), and the trial's arguments then stayed on every pod, unwatched, for
+        the rest of the outage. Held as ``_end_unrecorded_trial`` holds its own, so that
+        ``_keep_taken_back`` keeps the trial's arguments off the pods, stamped under the
+        key held now, and the write that next takes reduces the record
+        (vllm_take_back.py)."""
         controller = self.controller
         if self.taken_back is not None or controller is None or not trial_recorded(body):
             return
@@ -556,7 +561,8 @@ class DeploymentLoop:
         if target is None or _ran_on(loop, body).backend != Backend.VLLM.value:
             return
         try:
-            if not stamp_found(self.kube, self.namespace, self.name, self.uid):
+            if loop.pending_restore is None \
+                    and not stamp_found(self.kube, self.namespace, self.name, self.uid):
                 return
         except Exception as exc:  # the API: recognised at the next step
             log.warning("%s: the Deployment's take-back stamp was not read: %s: %s",
@@ -564,9 +570,10 @@ class DeploymentLoop:
             return
         self.taken_back = (body.get("status") or {}).get("tunedConfig")
         self.taken_back_to = {**(loop.baseline_config or {}), **target}, Backend.VLLM.value
-        log.warning("%s: the status still records a trial this operator took off the "
-                    "Deployment before it restarted (a take-back stamp is on it); kept "
-                    "off until the status takes a write", self.key)
+        log.warning("%s: the status still records a trial this operator ended before "
+                    "it restarted (its study told it failed, or a take-back stamp is on "
+                    "the Deployment); its arguments kept off until the status takes a "
+                    "write", self.key)
 
     def _keep_taken_back(self, body: Mapping[str, Any]) -> None:
         """While the status still takes no write and records the trial whose vLLM

@@ -19,8 +19,10 @@ from typing import Any
 
 import pytest
 
+from slopilot.operator import vllm_take_back
 from slopilot.operator.crd import crd_manifest
 from slopilot.operator.deployment_loop import STATUS_GIVE_UP_S, DeploymentLoop
+from slopilot.operator.pod_admin import ApplyError
 from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.reconcile import reconcile
 from slopilot.operator.render import DEFAULT_OPERATOR_NAMESPACE
@@ -296,3 +298,91 @@ def test_a_restart_mid_outage_keeps_the_trials_arguments_off(
 def repaired_with(cluster: Cluster, policy: OperatorPolicy, mint: TokenMint) -> None:
     """A drift repair by an operator holding ``mint``'s key."""
     reconcile(cluster.kube, cluster.get(), policy=policy, mint=mint)
+
+
+class Died(BaseException):
+    """The operator's process killed mid-step (no ``except Exception`` catches it)."""
+
+
+def _ended_before_its_take_back(loop: DeploymentLoop, cluster: Cluster, hook: Webhook,
+                                now: list[float], monkeypatch: pytest.MonkeyPatch,
+                                failure: BaseException) -> tuple[dict[str, str], dict[str, str]]:
+    """The first step's trial started, the status refusing every write for
+    ``STATUS_GIVE_UP_S``, and the step that gives the trial up ending it (told failed in
+    its study) but its take-back's patch of the Deployment failing (``failure``): the
+    episode's arguments and the trial's, still on the Deployment, unstamped."""
+    before, _ = trial_started(loop, cluster)
+    trial_args = knob_args(cluster)
+    hook.on = True
+    now[0] += 60.0
+    assert loop.step()
+    real = vllm_take_back.take_back
+
+    def fails(*args: Any, **kw: Any) -> bool:
+        monkeypatch.setattr(vllm_take_back, "take_back", real)  # once
+        raise failure
+
+    monkeypatch.setattr(vllm_take_back, "take_back", fails)
+    now[0] += STATUS_GIVE_UP_S
+    if isinstance(failure, Exception):
+        assert loop.step()
+    else:
+        with pytest.raises(Died):
+            loop.step()
+    assert vllm_take_back.take_back is real
+    assert loop.controller is not None and loop.controller.loop.trial is None  # ended
+    assert knob_args(cluster) == trial_args
+    dep = cluster.kube.get("apps/v1", "deployments", NS, "chat")
+    assert TAKEN_BACK_ANNOTATION not in (dep["metadata"].get("annotations") or {})
+    return before, trial_args
+
+
+@pytest.mark.parametrize("rotated", [False, True], ids=["same-key", "key-rotated"])
+def test_a_restart_after_the_trial_ended_but_before_its_take_back_takes_it_back(
+        kube: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, rotated: bool) -> None:
+    """The old operator died between telling the study its trial failed and patching the
+    Deployment's arguments back (with its stamp, one PATCH): no stamp is left, and the
+    restarted operator, which finds the trial failed in its study, takes it back all the
+    same while the status takes no write (docs/operations.md)."""
+    body, policy = vllm_cr(kube, cluster, prom, tmp_path)
+    hook, now = Webhook(cluster.kube), [1_000_000.0]
+    loop = _loop(cluster, body, policy, hook, monkeypatch, now)
+    before, _ = _ended_before_its_take_back(loop, cluster, hook, now, monkeypatch,
+                                            Died())
+    loop = _restarted(cluster, body, policy, hook, monkeypatch, now, loop, rotated)
+    check = operator_mint(cluster)
+    for _ in range(3):
+        now[0] += 60.0
+        assert loop.step()
+        assert cluster.status()["tunedConfig"].get("trial") is True  # still unwritable
+        assert knob_args(cluster) == before
+        repaired_with(cluster, policy, check)
+        assert knob_args(cluster) == before
+    hook.on = False  # fixed: the trial goes off record
+    now[0] += 60.0
+    assert loop.step()
+    assert (cluster.status().get("tunedConfig") or {}).get("trial") is not True
+    repaired_with(cluster, policy, check)
+    assert knob_args(cluster) == before
+
+
+def test_a_take_back_the_api_refused_is_made_at_the_next_step(
+        kube: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The trial given up, its take-back's patch refused once (the API server down): the
+    next step, the status still refusing writes, takes the trial's arguments off."""
+    body, policy = vllm_cr(kube, cluster, prom, tmp_path)
+    hook, now = Webhook(cluster.kube), [1_000_000.0]
+    loop = _loop(cluster, body, policy, hook, monkeypatch, now)
+    before, _ = _ended_before_its_take_back(
+        loop, cluster, hook, now, monkeypatch,
+        ApplyError("chat: the trial's vLLM arguments not taken off Deployment/chat: 503"))
+    now[0] += 60.0
+    assert loop.step()
+    assert knob_args(cluster) == before
+    assert cluster.status()["tunedConfig"].get("trial") is True
+    repaired(cluster, policy)
+    assert knob_args(cluster) == before
+
+
