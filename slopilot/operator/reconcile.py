@@ -446,7 +446,7 @@ def reconcile(kube: Kube, body: Mapping[str, Any], *, policy: OperatorPolicy,
     """Parse, check, render and apply; a refused spec touches nothing and says why."""
     # A trial's record the operator took off a vLLM Deployment, and could not replace
     # (the status took no write), is not rendered again (vllm_take_back.py).
-    body = rendered_body(kube, body, mint)
+    body = rendered_body(kube, body, mint, policy)
     try:
         spec = parse_spec(body)
     except SpecError as exc:

@@ -48,11 +48,18 @@ from typing import Any
 from slopilot.operator.daemon import study_name
 from slopilot.operator.engine_switch import RanOn
 from slopilot.operator.policy import OperatorPolicy
+from slopilot.operator.spec import SpecError, parse_spec
 from slopilot.operator.study_cleanup import recorded_storages
 from slopilot.operator.study_storage import StorageRefused, resolve_storage
 from slopilot.operator.tuned_base import target_of
 from slopilot.tuner.loop.errors import ControllerError
-from slopilot.tuner.loop.state import ControllerState, EndedTrial, LoopState, PendingRestore
+from slopilot.tuner.loop.state import (
+    ControllerState,
+    EndedTrial,
+    LoopState,
+    PendingRestore,
+    RunningTrial,
+)
 from slopilot.tuner.loop.transitions import Event, check
 from slopilot.tuner.study.storage import StudyStorageError
 from slopilot.tuner.study.storage_url import shown
@@ -207,6 +214,45 @@ def _is_running(state: LoopState, ended: EndedTrial) -> bool:
         t.study is None or ended.study is None or t.study == ended.study)
 
 
+def _fail_reason(t: RunningTrial, body: Mapping[str, Any], policy: OperatorPolicy,
+                 named: str) -> str | None:
+    """The reason trial ``t`` (of the loop state in ``body``'s status) was told failed
+    with in its study, in storage ``named``; None where it was not, it names no study or
+    another CR's, or the storage cannot be read."""
+    if t.study is None:
+        return None
+    meta = body["metadata"]
+    # The status is writable by whoever may write it: another CR's study named there is
+    # not read (its trials' failure reasons would be written into this CR's status).
+    if not in_family(study_name(meta["namespace"], meta["name"], meta.get("uid") or ""),
+                     t.study):
+        log.warning("%s/%s: the trial on record names study %r, not this CR's: not read",
+                    meta["namespace"], meta["name"], t.study)
+        return None
+    try:
+        url = resolve_storage(named, policy.storage_rules, meta["namespace"])
+        return told_failed(url, t.study, t.number)
+    except (StorageRefused, StudyStorageError):
+        return None
+
+
+def ended_on_record(body: Mapping[str, Any], policy: OperatorPolicy) -> bool:
+    """Whether the trial ``body``'s loop state (``status.controller``) still runs was
+    told failed in its study already (``end_told``'s test: a loop ended it, and its
+    status took no write since). False where none runs, the state or the spec cannot be
+    read, or the study does not say so."""
+    saved = (body.get("status") or {}).get("controller")
+    try:
+        state = LoopState.from_dict(saved) if isinstance(saved, Mapping) else None
+        spec = parse_spec(body)
+    except (ControllerError, SpecError):
+        return False
+    if state is None or state.trial is None:
+        return False
+    named = policy.named_storage(spec.tuning.storage, body["metadata"]["namespace"])
+    return _fail_reason(state.trial, body, policy, named) is not None
+
+
 def end_told(state: LoopState, body: Mapping[str, Any], policy: OperatorPolicy,
              named: str) -> None:
     """End ``state``'s trial where its study has told it failed already: a loop whose
@@ -217,21 +263,10 @@ def end_told(state: LoopState, body: Mapping[str, Any], policy: OperatorPolicy,
     ``end_unbuilt`` ends one, its episode's config owed to the pods. A study that
     cannot be read leaves the state as it is: the factory's own open says why."""
     t = state.trial
-    if t is None or t.study is None:
+    if t is None:
         return
     meta = body["metadata"]
-    # The status is writable by whoever may write it: another CR's study named there is
-    # not read (its trials' failure reasons would be written into this CR's status).
-    if not in_family(study_name(meta["namespace"], meta["name"], meta.get("uid") or ""),
-                     t.study):
-        log.warning("%s/%s: the trial on record names study %r, not this CR's: not read",
-                    meta["namespace"], meta["name"], t.study)
-        return
-    try:
-        url = resolve_storage(named, policy.storage_rules, meta["namespace"])
-        reason = told_failed(url, t.study, t.number)
-    except (StorageRefused, StudyStorageError):
-        return
+    reason = _fail_reason(t, body, policy, named)
     if reason is None:
         return
     state.trial = None

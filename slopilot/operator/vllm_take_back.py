@@ -31,21 +31,27 @@ roll the pods onto the committed config while the status still recorded the tria
 trial's window measuring the wrong config, then a second rollout back). A seal no
 tenant can make without the key; one that does not verify (forged, or the key replaced:
 its Secret deleted and the operator restarted) is no stamp, and the reconcile renders
-the status as recorded: what it did before any take-back, and after a status write. A
+the status as recorded (what it did before any take-back, and after a status write),
+unless the trial the loop state on record runs was told failed in its study already,
+which no tenant writes (``trial_ends.ended_on_record``): a repair by an operator
+restarted under a new key then renders the committed config too, not the trial's
+arguments until its loop's first step takes them off again (a rollout each way). A
 stamp removed or edited while the status still takes no write is put back by the loop
 at its next step (``DeploymentLoop._keep_taken_back``), with the trial's arguments taken
 off again where a repair rendered them meanwhile.
 
 The loop's memory of a take-back does not outlive its process, and a key rotated in the
-same outage leaves the stamp unverified: a drift repair rendered the trial's record
-again. A restarted loop therefore recognises a take-back from what outlives it
-(``DeploymentLoop._recognise_taken_back``): a stamp on the Deployment (``stamp_found``:
-present, verified or not), the status still recording a trial and the loop state it
-built from that status owing the episode's config with no trial running. It takes the
-trial back again, under the key it holds now (docs/operations.md). A stamp that is only
-present proves nothing (anyone writes it), and is not what the take-back trusts: the
-loop state alone says the trial is over, and the stamp only says that this situation is
-a take-back's, so that nothing else the loop does changes.
+same outage leaves the stamp unverified. A restarted loop therefore recognises a
+take-back from what outlives it (``DeploymentLoop._recognise_taken_back``): the status
+still recording a trial and the loop state it built from that status owing the
+episode's config with no trial running, a restore owed (the trial told failed in its
+study: ``trial_ends.end_told``) or a stamp on the Deployment (``stamp_found``: present,
+verified or not). It takes the trial back again, under the key it holds now
+(docs/operations.md). A stamp that is only present proves nothing (anyone writes it),
+and is not what the take-back trusts: the loop state says the trial is over. Nor is
+one needed: the study is told before the Deployment is patched (they are no one
+write), so an operator that died between the two left no stamp, and the trial's
+arguments stayed on the pods.
 """
 
 from __future__ import annotations
@@ -64,6 +70,7 @@ from slopilot.operator.knobs import committed_body, trial_recorded
 from slopilot.operator.kubeapi import ApiError, Kube
 from slopilot.operator.ownership import controlled_by
 from slopilot.operator.pod_admin import ApplyError
+from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.scale_stamp import record_digest
 from slopilot.operator.tokens import TokenMint
 
@@ -168,12 +175,17 @@ def stamp_found(kube: Kube, namespace: str, name: str, uid: str) -> bool:
     return TAKEN_BACK_ANNOTATION in ((dep.get("metadata") or {}).get("annotations") or {})
 
 
-def rendered_body(kube: Kube, body: Mapping[str, Any], mint: TokenMint
-                  ) -> Mapping[str, Any]:
+def rendered_body(kube: Kube, body: Mapping[str, Any], mint: TokenMint,
+                  policy: OperatorPolicy) -> Mapping[str, Any]:
     """``body`` as the reconcile renders it: where its ``status.tunedConfig`` records a
     trial whose arguments the operator took off the Deployment under this very status
     (its stamp, verified with ``mint``'s key), with that record reduced to its committed
-    config (module docstring)."""
+    config (module docstring). A stamp that is present but does not verify (a key
+    rotated since, or a tenant's) counts only where the trial's study, which no tenant
+    writes, has it failed (``trial_ends.ended_on_record``, read in ``policy``'s
+    storage): else an operator restarted under a new key rolled the trial's arguments
+    back onto the pods at its first repair, until its loop's first step took them off
+    again (two rollouts)."""
     if not trial_recorded(body):
         return body
     meta = body["metadata"]
@@ -182,6 +194,11 @@ def rendered_body(kube: Kube, body: Mapping[str, Any], mint: TokenMint
         return body
     found = ((dep.get("metadata") or {}).get("annotations") or {}).get(
         TAKEN_BACK_ANNOTATION)
-    if not stamped(mint, str(meta.get("uid")), body.get("status"), found):
+    if found is None:
         return body
+    if not stamped(mint, str(meta.get("uid")), body.get("status"), found):
+        # Here, not at the top: trial_ends -> daemon -> kube_handle imports this module.
+        from slopilot.operator.trial_ends import ended_on_record
+        if not ended_on_record(body, policy):
+            return body
     return committed_body(body)

@@ -28,7 +28,7 @@ from slopilot.operator.reconcile import reconcile
 from slopilot.operator.render import DEFAULT_OPERATOR_NAMESPACE
 from slopilot.operator.scale_stamp import record_digest
 from slopilot.operator.tokens import KEY_SECRET, TokenMint
-from slopilot.operator.vllm_take_back import TAKEN_BACK_ANNOTATION, rendered_body
+from slopilot.operator.vllm_take_back import TAKEN_BACK_ANNOTATION, rendered_body, stamp
 from tests.operator.operator_support import NS, Cluster, llmd, operator_mint
 from tests.operator.standins import PrometheusStandIn
 from tests.operator.test_status_unwritable import Webhook, _loop
@@ -237,21 +237,37 @@ def test_a_stamp_removed_while_the_status_is_unwritable_is_put_back(
     assert knob_args(cluster) == before
 
 
-def test_a_stamp_under_a_replaced_key_is_no_stamp(
+def test_a_stamp_under_a_replaced_key_counts_only_for_a_trial_its_study_failed(
         kube: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """The key rotated (its Secret deleted, the operator restarted): the stamp no longer
-    verifies, and the CR renders as its status records it (docs/operations.md)."""
+    """A stamp that does not verify (sealed under another key, or junk) is no stamp while
+    the trial runs in its study: the CR renders as its status records it. Once the trial
+    was ended there (taken back), one under a replaced key (its Secret deleted, the
+    operator restarted) still renders the committed config (docs/operations.md)."""
     body, policy = vllm_cr(kube, cluster, prom, tmp_path)
     hook, now = Webhook(cluster.kube), [1_000_000.0]
     loop = _loop(cluster, body, policy, hook, monkeypatch, now)
-    taken_back(loop, cluster, hook, now)
-    cr = cluster.get()
-    assert rendered_body(cluster.kube, cr, operator_mint(cluster)) != cr
-    assert rendered_body(cluster.kube, cr, TokenMint(secrets.token_bytes(32))) is cr
-    for junk in ("", "x" * 64, "\u00e9" * 64):
+    before, _ = trial_started(loop, cluster)
+    cr, mint = cluster.get(), operator_mint(cluster)
+    other = TokenMint(secrets.token_bytes(32))
+    junks = ("", "x" * 64, "\u00e9" * 64)
+    for junk in (stamp(other, str(body["metadata"]["uid"]), cr["status"]), *junks):
         _stamp(cluster, junk)
-        assert rendered_body(cluster.kube, cr, operator_mint(cluster)) is cr
+        assert rendered_body(cluster.kube, cr, mint, policy) is cr  # the trial runs
+    _stamp(cluster, None)
+    hook.on = True
+    now[0] += 60.0
+    assert loop.step()
+    now[0] += STATUS_GIVE_UP_S
+    assert loop.step()
+    assert knob_args(cluster) == before
+    cr = cluster.get()
+    committed = rendered_body(cluster.kube, cr, mint, policy)
+    assert committed != cr
+    assert rendered_body(cluster.kube, cr, other, policy) == committed
+    for junk in junks:
+        _stamp(cluster, junk)
+        assert rendered_body(cluster.kube, cr, mint, policy) == committed
 
 
 def _restarted(cluster: Cluster, body: dict[str, Any], policy: OperatorPolicy,
@@ -386,3 +402,25 @@ def test_a_take_back_the_api_refused_is_made_at_the_next_step(
     assert knob_args(cluster) == before
 
 
+
+def test_a_repair_before_a_restarted_loops_first_step_under_a_new_key_rolls_nothing(
+        kube: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The key rotated with the restart: the old stamp no longer verifies, and the
+    restarted operator's first reconcile (its resume, any event of the Deployment) comes
+    before its loop's first step. The trial it would render is failed in its study: the
+    repair renders the committed config, the arguments taken back, not the trial's (the
+    new key's own token digest is all that rolls, as it rolls every deployment)."""
+    body, policy = vllm_cr(kube, cluster, prom, tmp_path)
+    hook, now = Webhook(cluster.kube), [1_000_000.0]
+    loop = _loop(cluster, body, policy, hook, monkeypatch, now)
+    before = taken_back(loop, cluster, hook, now)
+    loop = _restarted(cluster, body, policy, hook, monkeypatch, now, loop, rotate=True)
+    check = operator_mint(cluster)
+    repaired_with(cluster, policy, check)
+    assert knob_args(cluster) == before  # not the trial's: no rollout there and back
+    now[0] += 60.0
+    assert loop.step()
+    assert knob_args(cluster) == before
+    repaired_with(cluster, policy, check)
+    assert knob_args(cluster) == before
