@@ -7,9 +7,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from slopilot.engine.sim.scenario import load_scenario
+from slopilot.tuner.loop.steady_count import RECHECKS, steady_count
 from slopilot.tuner.study.objective import HEADROOM, TrialResult
 from slopilot.tuner.tune.capacity import capacity_answer
-from slopilot.tuner.tune.steady_count import RECHECKS, steady_count
 
 
 class NoisyEvaluator:

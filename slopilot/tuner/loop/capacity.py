@@ -36,6 +36,7 @@ from typing import Any
 from slopilot.engine.sim.scenario import Scenario
 from slopilot.engine.sim.simulator import simulate
 from slopilot.engine.window_summary import WindowSummary
+from slopilot.tuner.loop.steady_count import smallest_holding
 from slopilot.tuner.study.objective import TrialResult, holds, score
 from slopilot.tuner.study.sample_floor import (
     SIM_MAX_DURATION_S,
@@ -213,18 +214,6 @@ class CapacityPlanner:
                 return answer
             below, n = n, min(hi, 2 * n)
         return _smallest(ok, below + 1, n, answer)
-
-
-def smallest_holding(ok: Callable[[int], bool], left: int, right: int) -> int:
-    """Binary search in [left, right] for the smallest count that holds, ``right``
-    known to hold (holding taken as monotonic between the two)."""
-    while left < right:
-        mid = (left + right) // 2
-        if ok(mid):
-            right = mid
-        else:
-            left = mid + 1
-    return right
 
 
 def _smallest(ok: Callable[[int], bool], left: int, right: int,

@@ -51,11 +51,11 @@ from slopilot.engine.sim.scenario import Scenario
 from slopilot.engine.sim.workload_spec import TraceSpec
 from slopilot.tuner.loop.capacity import CapacityPlanner
 from slopilot.tuner.loop.replica_plateau import Flat, flat
+from slopilot.tuner.loop.steady_count import steady_count
 from slopilot.tuner.sim.robust import RobustEvaluator
 from slopilot.tuner.study.objective import TrialResult, WindowResult, holds
 from slopilot.tuner.study.verdict import term_label, worst_share
 from slopilot.tuner.tune.idle_floor import IdleFloor, idle_floors
-from slopilot.tuner.tune.steady_count import steady_count
 
 
 @dataclass(frozen=True)

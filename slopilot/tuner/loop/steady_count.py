@@ -1,7 +1,7 @@
 """The capacity answer's count checked against the windows' noise: a count that holds
 is the answer only where the count above it holds too.
 
-``loop/capacity.CapacityPlanner.search`` gallops then bisects, taking holding as
+``capacity.CapacityPlanner.search`` gallops then bisects (``smallest_holding``), taking holding as
 monotone in the replica count. On a trace's windows it is not quite: under random
 dispatch a window's P99 is its few largest requests', and where they land moves with
 the count, so N may hold while N + 1 misses. A bisection then reports a count that held
@@ -28,8 +28,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
-
-from slopilot.tuner.loop.capacity import smallest_holding
 
 RECHECKS = 2
 """Lucky counts (held, their next count missed) the climb takes before it stops and
@@ -88,3 +86,15 @@ def _next_holding(missed: int, ok: Callable[[int], bool],
             below, step = right, 2 * step
     left = max([below, *(m for m in tried() if below < m < right and not ok(m))]) + 1
     return smallest_holding(ok, left, right)
+
+
+def smallest_holding(ok: Callable[[int], bool], left: int, right: int) -> int:
+    """Binary search in [left, right] for the smallest count that holds, ``right``
+    known to hold (holding taken as monotonic between the two)."""
+    while left < right:
+        mid = (left + right) // 2
+        if ok(mid):
+            right = mid
+        else:
+            left = mid + 1
+    return right
