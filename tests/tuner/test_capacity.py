@@ -33,11 +33,12 @@ def test_the_search_finds_the_smallest_feasible_count(enough: int) -> None:
 @pytest.mark.parametrize("enough", [1, 2, 3, 7, 20])
 def test_the_search_never_simulates_far_more_replicas_than_it_needs(enough: int) -> None:
     # A simulation's time and memory grow with its replica count (512 replicas took 39 s
-    # and 1.1 GB): galloping up from lo, the biggest one is under twice the answer.
+    # and 1.1 GB): galloping up from lo, the biggest one is under twice the answer, or
+    # the answer's next count, run to check it did not hold by luck (steady_count).
     calls: list[int] = []
     answer = CapacityPlanner(simulate_fn=fake_sim(enough, calls)).search(SCENARIO, {}, 1, 64)
     assert answer.replicas == enough
-    assert max(calls) < 2 * enough or max(calls) == 1, calls
+    assert max(calls) < max(2 * enough, enough + 2), calls
 
 
 def test_none_when_even_the_maximum_is_not_enough() -> None:

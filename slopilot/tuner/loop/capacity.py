@@ -1,13 +1,21 @@
 """How many replicas hold the SLO at the measured load: a search over the simulator.
 
-Feasibility is taken as monotone in the replica count (more replicas never serve the
-same traffic worse). The search gallops up from ``lo`` (lo, 2 lo, 4 lo, ...) to the
-first count that holds, then bisects below it: about 2 log2(N) simulations, none of
-them of more than twice the N it finds. A simulation's time and memory grow with its
-replica count (512 replicas took 39 s and 1.1 GB), so simulating ``hi`` first, when a
-handful suffice, would make every search as dear as the largest. ``margin`` asks for headroom: every
-SLO term at most ``1 - margin`` of its limit, so a scale-down decision is not taken at the
-edge and undone by the next burst.
+The search gallops up from ``lo`` (lo, 2 lo, 4 lo, ...) to the first count that holds,
+then bisects below it: about 2 log2(N) simulations, none of them of more than twice the
+N it finds. A simulation's time and memory grow with its replica count (512 replicas
+took 39 s and 1.1 GB), so simulating ``hi`` first, when a handful suffice, would make
+every search as dear as the largest. ``margin`` asks for headroom: every SLO term at
+most ``1 - margin`` of its limit, so a scale-down decision is not taken at the edge and
+undone by the next burst.
+
+The gallop and bisection alone take holding as monotone in the replica count, and on
+seeded runs near the SLO's edge it is not: N may hold while N + 1 misses, and a
+bisection landing on N would scale the fleet down to a count the next window undoes. So
+the count found is checked against its next count (``steady_count.py``, the rule
+``slopilot tune`` applies too): one count more is run where holding is monotone (none
+where the answer is ``hi`` or the search ran its next count already), one simulation or,
+where its first draw lands near the line, ``draws`` of them, and a count that held by
+luck is named (``CapacityAnswer.lucky``), not answered with.
 
 Each simulated run is made long enough to hold ``SIM_MIN_CLASS_REQUESTS`` of its least
 served judged class (``study/sample_floor.py``; cv^2 times that on a bursty load, whose
@@ -36,7 +44,7 @@ from typing import Any
 from slopilot.engine.sim.scenario import Scenario
 from slopilot.engine.sim.simulator import simulate
 from slopilot.engine.window_summary import WindowSummary
-from slopilot.tuner.loop.steady_count import smallest_holding
+from slopilot.tuner.loop.steady_count import smallest_holding, steady_count
 from slopilot.tuner.study.objective import TrialResult, holds, score
 from slopilot.tuner.study.sample_floor import (
     SIM_MAX_DURATION_S,
@@ -97,6 +105,15 @@ class CapacityAnswer:
     short: dict[int, Shortfall] = field(default_factory=dict)
     """The counts whose run reached its time cap short of the requests of a judged class
     its P99 needs: their verdict is one of a few requests' largest."""
+    lucky: tuple[int, ...] = ()
+    """Counts that held while their next count missed, in the order found
+    (``steady_count``): none is the answer."""
+    gave_up: bool = False
+    """Holding flipped at ``steady_count.RECHECKS`` + 1 counts: only the maximum was
+    judged."""
+    checked: bool = False
+    """The answer's next count was run only to check that the answer did not hold by
+    luck (the gallop and bisection had not run it)."""
 
     def fewer_hold(self, current: int) -> bool:
         """Whether fewer than ``current`` replicas hold, on runs long enough to say so."""
@@ -199,12 +216,21 @@ class CapacityPlanner:
         return ok
 
     def search(self, scenario: Scenario, config: Mapping[str, Any], lo: int, hi: int,
-               *, margin: float = 0.0) -> CapacityAnswer:
-        """The smallest count in [lo, hi] that holds, found from below: ``lo``, then
-        doubling, then a binary search in the last gap. A simulation of N replicas costs
-        N times one of a single replica (and a tenant's ``replicas.max`` is not ours to
-        spend), so the search never simulates much more than the answer needs."""
+               *, margin: float = 0.0, check_to: int | None = None) -> CapacityAnswer:
+        """The smallest count in [lo, hi] that holds with its next count holding too
+        (``steady_count``), found from below: ``lo``, then doubling, then a binary
+        search in the last gap, then the count found checked against its next count. A
+        simulation of N replicas costs N times one of a single replica (and a tenant's
+        ``replicas.max`` is not ours to spend), so the search never simulates much more
+        than the answer needs. ``check_to`` (default ``hi``): the largest count run to
+        check an answer's next count, for a caller that searches below a count it
+        already knows holds (``tune``'s later candidates) but whose real maximum is
+        higher."""
         self._checked(lo, hi, margin)
+        check_to = hi if check_to is None else check_to
+        if isinstance(check_to, bool) or check_to < hi:
+            raise CapacityError(f"check_to={check_to!r}: expected a count >= hi ({hi}), "
+                                "the real maximum the search's bound lies under")
         answer = CapacityAnswer(replicas=None)
         ok = self._oracle(scenario, config, margin, answer)
         below, n = lo - 1, lo  # invariant: below does not hold (or is below lo)
@@ -213,13 +239,16 @@ class CapacityPlanner:
                 log.info("capacity: %d replicas do not hold the SLO at this load", hi)
                 return answer
             below, n = n, min(hi, 2 * n)
-        return _smallest(ok, below + 1, n, answer)
-
-
-def _smallest(ok: Callable[[int], bool], left: int, right: int,
-              answer: CapacityAnswer) -> CapacityAnswer:
-    """``smallest_holding`` as the answer's count."""
-    right = answer.replicas = smallest_holding(ok, left, right)
-    log.info("capacity: %d replicas hold the SLO (searched %s)", right,
-             sorted(answer.results))
-    return answer
+        bisected = smallest_holding(ok, below + 1, n)
+        searched = set(answer.results)
+        steady = steady_count(bisected, ok, answer.results.keys, hi, check_to)
+        answer.replicas, answer.lucky, answer.gave_up = \
+            steady.replicas, steady.lucky, steady.gave_up
+        answer.checked = steady.replicas is not None \
+            and steady.replicas + 1 in answer.results.keys() - searched
+        if steady.lucky:
+            log.info("capacity: %s held while the count above missed (the simulator's "
+                     "noise): not the answer", ", ".join(map(str, steady.lucky)))
+        log.info("capacity: %s replicas hold the SLO (searched %s)", steady.replicas,
+                 sorted(answer.results))
+        return answer

@@ -1,28 +1,34 @@
-"""The capacity answer's count checked against the windows' noise: a count that holds
-is the answer only where the count above it holds too.
+"""A capacity count checked against the simulator's noise: a count that holds is the
+answer only where the count above it holds too.
 
-``capacity.CapacityPlanner.search`` gallops then bisects (``smallest_holding``), taking holding as
-monotone in the replica count. On a trace's windows it is not quite: under random
-dispatch a window's P99 is its few largest requests', and where they land moves with
-the count, so N may hold while N + 1 misses. A bisection then reports a count that held
-by luck, with no count above it tried to say so. So the search's count is checked here:
-its next count is simulated (one more run, none where the search already ran it or the
-count is ``--max-replicas``), and where that misses, the first count held by luck is
-named (``lucky``) and the search climbs to the smallest holding count above the miss
-(from the counts already run that hold, else climbing by 1, 2, 4, ... from the miss, then
-bisecting the gap) and checks that one's next count in turn.
+``capacity.CapacityPlanner.search`` gallops then bisects (``smallest_holding``), which
+alone would take holding as monotone in the replica count. On seeded simulations near
+the SLO's edge it is not quite: under random dispatch a P99 is its few largest
+requests', and where they land moves with the count, so N may hold while N + 1 misses.
+A bisection then reports a count that held by luck, with no count above it tried to say
+so: the live loop would scale down to it and the next window, at that count, would
+breach and buy the replicas back; ``slopilot tune`` would recommend it. So the search's
+count is checked here, for both (the search applies it; tune's capacity answer reads
+its ``lucky`` and ``gave_up``): its next count is simulated (one more run, none where the
+search already ran it or the count is the search's maximum), and where that misses, the
+first count held by luck is named (``lucky``) and the search climbs to the smallest
+holding count above the miss (from the counts already run that hold, else climbing by
+1, 2, 4, ... from the miss, then bisecting the gap) and checks that one's next count in
+turn.
 
 Every count run above the answer then holds, and the count below it misses (or is below
 ``lo``). Counts below the answer that were never run may hold: taking holding as monotone
-is what keeps the search to about 2 log2(N) runs, and a count that holds with its next
-missing is no answer anyway. After ``RECHECKS`` lucky counts the climbing stops: holding
-flips often enough at that load that only the largest count, with no larger one to miss,
-is judged (``gave_up``), rather than running every count up to it.
+there is what keeps the search to about 2 log2(N) runs, and a count that holds with its
+next missing is no answer anyway. After ``RECHECKS`` lucky counts the climbing stops:
+holding flips often enough at that load that only the largest count, with no larger one
+to miss, is judged (``gave_up``), rather than running every count up to it. The live
+loop's scale-down searches up to the current count, so there it keeps the fleet.
 
-Cost: one run more than the bisection where holding is monotone (per candidate that
-finds a count); where it is not, each lucky count adds its next count's run and the
-climb and bisection above it, at most 1 + 2 log2(max) runs, and ``RECHECKS`` + 1 of
-them at most before the maximum decides."""
+Cost: one run more than the bisection where holding is monotone (per search that finds
+a count; none where the answer is the maximum or its next count was run already); where
+it is not, each lucky count adds its next count's run and the climb and bisection above
+it, at most 1 + 2 log2(max) runs, and ``RECHECKS`` + 1 of them at most before the
+maximum decides."""
 
 from __future__ import annotations
 

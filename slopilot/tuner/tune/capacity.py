@@ -36,9 +36,11 @@ SLO is said to be (a reviewer's read "Not even 16 replicas hold the SLO" beside 
 within it at 91 %, and a table of the first candidate's figures beside another's).
 
 That noise can also flip a verdict, N holding while N + 1 misses, and the bisection
-takes holding as monotone: so its count is checked (``steady_count.py``), the answer is
-the smallest count that holds with its next count holding too, and a count that held
-while the next missed is named (``flips``) rather than answered with."""
+takes holding as monotone: so the search checks its count (``loop/steady_count.py``, as
+it does for the live loop), the answer is the smallest count that holds with its next
+count holding too, up to ``hi`` even where a later candidate searches below the best
+count so far, and a count that held while the next missed is named (``flips``) rather
+than answered with."""
 
 from __future__ import annotations
 
@@ -51,9 +53,8 @@ from slopilot.engine.sim.scenario import Scenario
 from slopilot.engine.sim.workload_spec import TraceSpec
 from slopilot.tuner.loop.capacity import CapacityPlanner
 from slopilot.tuner.loop.replica_plateau import Flat, flat
-from slopilot.tuner.loop.steady_count import steady_count
 from slopilot.tuner.sim.robust import RobustEvaluator
-from slopilot.tuner.study.objective import TrialResult, WindowResult, holds
+from slopilot.tuner.study.objective import TrialResult, WindowResult
 from slopilot.tuner.study.verdict import term_label, worst_share
 from slopilot.tuner.tune.idle_floor import IdleFloor, idle_floors
 
@@ -333,21 +334,15 @@ def capacity_answer(evaluator: RobustEvaluator,
                   run: Callable[[int], TrialResult] = run) -> TrialResult:
             return run(n)
 
+        # Its count checked against its next one up to ``hi`` (``steady_count``), not
+        # only ``top``: a count below the best so far may hold while the next misses.
         answer = CapacityPlanner(score_fn=score).search(
-            evaluator.scenario, config, lo, top, margin=evaluator.margin)
-
-        def ok(n: int, run: Callable[[int], TrialResult] = run) -> bool:
-            return holds(run(n), evaluator.margin)
-
-        searched_by_bisection = set(runs)
-        steady = steady_count(answer.replicas, ok, runs.keys, top, hi)
-        checked = steady.replicas is not None and \
-            steady.replicas + 1 in runs.keys() - searched_by_bisection
-        outcome = CapacityOutcome(steady.replicas, dict(config), label, lo, hi, dict(runs),
-                                  lucky=steady.lucky, gave_up=steady.gave_up,
-                                  checked=checked)
+            evaluator.scenario, config, lo, top, margin=evaluator.margin, check_to=hi)
+        outcome = CapacityOutcome(answer.replicas, dict(config), label, lo, hi, dict(runs),
+                                  lucky=answer.lucky, gave_up=answer.gave_up,
+                                  checked=answer.checked)
         outcomes.append(outcome)
-        if best is None or steady.replicas is not None:
+        if best is None or answer.replicas is not None:
             best = outcome
     assert best is not None
     if best.replicas is None:
