@@ -38,8 +38,16 @@ quiet minute of 24 requests failed a config on one 478 ms first token.
 
 Where the answer misses, the replica counts are searched from one more, galloping (1, 2,
 4, ... more) until one holds, then bisected (``fewest_holding``): a fleet that needs 12
-replicas costs 8 replays from 1, not 12. More replicas are assumed never to miss where
-fewer hold.
+replicas costs 8 replays from 1, not 12. That takes holding as monotone in the count, and
+it is not quite: a window's P99 rests on where its few largest requests land, which moves
+with the count, so N may hold while N + 1 misses and the bisection land on N. So the
+count it finds is checked as the windows' capacity answer is (``loop/steady_count.py``):
+its next count is replayed too (one replay more, none where the bisection replayed it or
+it is ``--max-replicas``), and the answer is the smallest count that holds with its next
+count holding; a count that held while the next missed is named (``lucky``). The count
+the windows chose is not checked so when it holds: the capacity answer ran its next count
+on the windows already (or it is the ``--replicas`` tune was asked about), and a replay
+more on every trace would double the check's cost where it holds.
 
 The simulator replays a trace in seconds (the shipped Azure conversation trace, 1 hour
 and 19,366 requests, on one replica: docs/tuning.md gives the figure), once per count
@@ -59,6 +67,7 @@ from slopilot.engine.sim.window_stats import Sliding, SlidingStats, WindowFigure
 from slopilot.engine.sim.window_sweep import ttft_p99s, worst_gap_starts, worst_starts
 from slopilot.engine.slo import SLOSpec
 from slopilot.tuner.loop.settings import DEFAULT_CLASS_REQUESTS
+from slopilot.tuner.loop.steady_count import SteadyCount, steady_count
 from slopilot.tuner.sim.robust import RobustEvaluator, WindowPlan
 from slopilot.tuner.study.objective import NO_SAMPLES, TrialResult, WindowResult, score
 from slopilot.tuner.study.sample_floor import judged_counts, shortfall, starved
@@ -114,23 +123,31 @@ class WholeRun:
 @dataclass(frozen=True)
 class WholeCheck:
     """The whole replays, in the order run: from the count the windows chose, then
-    galloping and bisecting up to ``max_replicas`` (``fewest_holding``)."""
+    galloping and bisecting up to ``max_replicas`` (``fewest_holding``), the count found
+    checked against its next (``steady_count``)."""
 
     runs: tuple[WholeRun, ...]
     max_replicas: int
     slo: SLOSpec
     window_s: float = 0.0
     """The sliding windows' length (the study's); 0: judged as one window."""
+    answer: int | None = None
+    """The fewest replicas that hold with the next count holding too (or that are the
+    windows' count, or ``max_replicas``); None where no count tried does."""
+    lucky: tuple[int, ...] = ()
+    """Counts that held while their next count missed (``steady_count``)."""
+    gave_up: bool = False
+    """Holding flipped at ``steady_count.RECHECKS`` + 1 counts: only the maximum was
+    judged."""
 
     @property
     def holds(self) -> bool:
-        return any(r.holds for r in self.runs)
+        return self.answer is not None
 
     @property
     def held(self) -> WholeRun | None:
-        """The run on the fewest replicas that holds; None when none tried does."""
-        runs = [r for r in self.runs if r.holds]
-        return min(runs, key=lambda r: r.replicas) if runs else None
+        """The run of the answer; None when no count tried holds (with its next)."""
+        return next((r for r in self.runs if r.replicas == self.answer), None)
 
     @property
     def highest(self) -> WholeRun:
@@ -139,9 +156,9 @@ class WholeCheck:
 
     @property
     def replicas(self) -> int | None:
-        """The fewest replicas over which the whole trace holds; None when none tried does."""
-        held = self.held
-        return None if held is None else held.replicas
+        """The fewest replicas over which the whole trace holds (with the next count
+        holding too); None when none tried does."""
+        return self.answer
 
     @property
     def first(self) -> WholeRun:
@@ -203,18 +220,36 @@ class WholeCheck:
         held = self.held
         if held is not None:
             return (f"{missed}; the whole trace holds on {_count(held.replicas)}: "
-                    f"{self.figures(held)}.")
+                    f"{self.figures(held)}.{self._flips()}")
         last = self.highest
         more = "" if last is first else (
             f", and on {_count(last.replicas)}, --max-replicas, still misses: "
             f"{self.figures(last)}")
-        return (f"{missed}{more}. The windows held and the whole trace did not: nothing is "
-                f"recommended; raise --max-replicas (it is {self.max_replicas}) or relax "
-                "the SLO.")
+        return (f"{missed}{more}.{self._flips()} The windows held and the whole trace did "
+                f"not: nothing is recommended; raise --max-replicas (it is "
+                f"{self.max_replicas}) or relax the SLO.")
+
+    def _flips(self) -> str:
+        """Where a count held and its next missed, a sentence saying so (after a
+        space); "" where holding was monotone over the counts replayed."""
+        if not self.lucky:
+            return ""
+        pairs = "; ".join(f"{_count(n)} held but {n + 1} missed" for n in self.lucky)
+        stopped = (f"; after {len(self.lucky)} such counts only {self.max_replicas}, "
+                   "--max-replicas, was judged" if self.gave_up else "")
+        end = ("and no count replayed holds with the count above it holding too"
+               if self.answer is None else
+               f"so the answer is {self.answer}, the smallest count replayed that holds "
+               "with its next count holding too")
+        return (f" Over the whole trace holding is not monotonic in the count: {pairs} (a "
+                f"window's P99 rests on where its few largest requests land){stopped}, "
+                f"{end}.")
 
     def to_dict(self) -> dict[str, Any]:
         return {"holds": self.holds, "replicas": self.replicas,
                 "max_replicas": self.max_replicas, "window_s": self.window_s,
+                "monotonic": not self.lucky, "lucky": list(self.lucky),
+                "gave_up": self.gave_up,
                 "tried": [{"replicas": w.replicas, "holds": w.holds, "wall_s": w.wall_s,
                            "replays": w.replays,
                            "figures": self.figures(w), "windows": len(w.result.windows),
@@ -279,16 +314,19 @@ def whole_check(evaluator: RobustEvaluator, plan: WindowPlan, config: Mapping[st
                 progress: ReplayProgress | None = None) -> WholeCheck:
     """Replay ``config`` over the whole trace (``plan``: ``plan_windows(whole=True)``) on
     ``replicas``, and where it misses the fewest replicas up to ``max_replicas`` over which
-    it holds (``fewest_holding``), judged over windows of ``window_s`` (the study's window
-    length; None: the whole file as one window). ``progress`` is shown each replay."""
+    it holds (``fewest_holding``) with its next count holding too (``steady_count``),
+    judged over windows of ``window_s`` (the study's window length; None: the whole file
+    as one window). ``progress`` is shown each replay."""
     if plan.kind != "whole":
         raise ValueError(f"plan.kind={plan.kind!r}: the whole-trace check replays the "
                          "whole trace (plan_windows(..., whole=True))")
     judge = RobustEvaluator(evaluator.scenario, plan, replicas=replicas,
                             margin=evaluator.margin, slo=evaluator.slo)
-    runs: list[WholeRun] = []
+    runs: dict[int, WholeRun] = {}
 
     def holds(n: int) -> bool:
+        if n in runs:  # the steadiness check reads the search's replays again
+            return runs[n].holds
         note(f"whole trace: replaying the answer on {_count(n)} ...")
         t0 = time.perf_counter()
 
@@ -304,12 +342,18 @@ def whole_check(evaluator: RobustEvaluator, plan: WindowPlan, config: Mapping[st
             run = WholeRun(n, replay("replaying").evaluate(config), 0.0)
         else:
             run = _judged(replay, config, window_s)
-        runs.append(dataclasses.replace(run, wall_s=time.perf_counter() - t0))
+        runs[n] = dataclasses.replace(run, wall_s=time.perf_counter() - t0)
         note(f"whole trace on {_count(n)}: {'holds' if run.holds else 'misses'}")
         return run.holds
 
-    fewest_holding(replicas, max(replicas, max_replicas), holds)
-    return WholeCheck(tuple(runs), max_replicas, evaluator.slo, window_s or 0.0)
+    top = max(replicas, max_replicas)
+    found = fewest_holding(replicas, top, holds)
+    # The windows' count, where it holds, had its next count run on the windows; a count
+    # the replays' own bisection found has had none.
+    steady = SteadyCount(found) if found == replicas else \
+        steady_count(found, holds, runs.keys, top, top)
+    return WholeCheck(tuple(runs.values()), max_replicas, evaluator.slo, window_s or 0.0,
+                      steady.replicas, steady.lucky, steady.gave_up)
 
 
 def _judged(replay: Callable[[str], RobustEvaluator], config: Mapping[str, Any],
