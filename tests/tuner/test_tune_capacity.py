@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -208,3 +209,58 @@ def test_within_the_slo_but_flat_names_both_and_does_not_advise_more_replicas() 
     assert sentence.startswith("Not even 16 replicas hold the SLO with 10% headroom; 8 "
                                "replicas are within the SLO (P1 TBT p99 at 95% of its limit)")
     assert "More replicas do not move it" in sentence and "--max-replicas" not in sentence
+
+
+
+def test_a_term_flat_for_another_candidate_is_said_not_answered_with_more_replicas() -> None:
+    # tiny-cpu (tune --trials 30): trial 24 reads P0 TTFT p99 at 132 % on 8 replicas and
+    # 131 % on 16, flat; the start config 144 % on 8 and 126 % on 16, the lowest on 16 and
+    # so the closest candidate, but not flat over its own last doubling (it reads 126 % on
+    # 32 and 64 too). The answer read "raise --max-replicas, relax the SLO, ..." and kept
+    # trial 24's flat term unsaid.
+    ev = ShareEvaluator({"t24": {1: 1.40, 2: 1.37, 4: 1.32, 8: 1.32, 16: 1.31},
+                         "start": {1: 1.45, 4: 1.445, 8: 1.445, 16: 1.263}},
+                        term="p0.ttft_p99")
+    out = capacity_answer(ev, [("trial 24", {"name": "t24"}),
+                               ("the start config", {"name": "start"})], 2, 16)  # type: ignore[arg-type]
+    assert out.replicas is None and out.label == "the start config"
+    sentence = out.sentence()
+    assert "raise --max-replicas" not in sentence
+    assert "With trial 24's knobs more replicas do not move it: P0 TTFT p99 stays at " \
+        "132%-131% of its limit from 8 to 16 replicas" in sentence
+    assert "The start config's, the lowest on 16 replicas (126%), still fell from 144% " \
+        "on 8: more replicas may lower it a little further, but not below what its " \
+        "requests take alone" in sentence
+    flat = out.to_dict()["flat"]
+    assert flat["term"] == "p0.ttft_p99" and flat["candidate"] == "trial 24"
+
+
+def test_another_candidates_flat_term_is_not_borrowed_for_a_different_worst_term() -> None:
+    ev = ShareEvaluator({"t24": {1: 1.40, 8: 1.32, 16: 1.31},
+                         "start": {1: 3.0, 8: 2.0, 16: 1.10}}, term="p0.ttft_p99")
+    ev_other = ShareEvaluator({"t24": {1: 1.40, 8: 1.32, 16: 1.31}}, term="p0.ttft_p99")
+    flat_t24 = capacity_answer(ev_other, [("trial 24", {"name": "t24"})], 2, 16)  # type: ignore[arg-type]
+    assert flat_t24.to_dict()["flat"]["candidate"] == "trial 24"
+    # The start config's worst term on 16 is P1 TBT, not trial 24's P0 TTFT.
+    out = capacity_answer(TermEvaluator(ev, {"start": "p1.tbt_p99"}),
+                          [("trial 24", {"name": "t24"}),
+                           ("the start config", {"name": "start"})], 2, 16)  # type: ignore[arg-type]
+    assert out.label == "the start config"
+    assert "raise --max-replicas" in out.sentence()
+    assert out.to_dict()["flat"] is None
+
+
+class TermEvaluator:
+    """``inner``'s shares, each config's under the term ``terms`` names for it."""
+
+    def __init__(self, inner: ShareEvaluator, terms: Mapping[str, str]) -> None:
+        self.inner, self.terms = inner, terms
+        self.scenario, self.margin = inner.scenario, inner.margin
+
+    def at_replicas(self, n: int) -> TermEvaluator:
+        return TermEvaluator(self.inner.at_replicas(n), self.terms)
+
+    def evaluate(self, config: Mapping[str, Any]) -> TrialResult:
+        r = self.inner.evaluate(config)
+        term = self.terms.get(config["name"], self.inner.term)
+        return dataclasses.replace(r, constraint_names=(term,))

@@ -14,7 +14,11 @@ this and the live loop) is bound by what each request costs alone (a long prompt
 prefill on an idle replica, one decode step), which more replicas do not shorten.
 ``tiny-cpu`` is the case: its P0 prompts reach 7,000 tokens after the shift, and their
 prefill alone takes longer than P0's 300 ms TTFT limit on one A100, so its P0 TTFT p99
-reads the same share of its limit on 2 replicas as on 16.
+reads the same share of its limit on 2 replicas as on 16. The test reads one
+candidate's two largest counts, and the closest candidate's term may still fall over its
+last doubling where another's has stopped (tiny-cpu: the start config's P0 TTFT p99 144 %
+on 8 replicas, 126 % on 16, 32 and 64; trial 24's 132 % and 131 %): then both are said
+(``flat_elsewhere``), not "raise --max-replicas".
 
 The flatness test reads two counts' P99s, and dispatch noise moves those: a reviewer's P0
 TTFT p99 read 200 % of its limit on 2 replicas, 175 % on 4, 171 % on 8 and 151 % on 16,
@@ -85,6 +89,9 @@ class CapacityOutcome:
     floors: tuple[IdleFloor, ...] = ()
     """When none holds on a trace: each TTFT-limited class's idle floor, the lowest over
     the candidates' knobs (``idle_floor.py``)."""
+    others: tuple[tuple[str, Mapping[int, TrialResult]], ...] = ()
+    """The other candidates searched and their results per count, in search order: where
+    none holds, one of them may show the closest's worst term flat (``flat_elsewhere``)."""
 
     @property
     def margin(self) -> float:
@@ -100,6 +107,42 @@ class CapacityOutcome:
         moved less than ``FLAT_SHARE`` of its limit (``loop/replica_plateau.flat``, the
         live loop's test too); None when some count holds."""
         return None if self.replicas is not None else flat(self.tried)
+
+    def flat_elsewhere(self) -> tuple[str, Flat] | None:
+        """Where none holds and the closest candidate's worst term still moved over its
+        last doubling: the first other candidate searched whose same term is flat (its
+        label and ``Flat``); None otherwise. tiny-cpu: trial 24's P0 TTFT p99 read 132 %
+        on 8 replicas and 131 % on 16, the start config's 144 % and 126 %, the lowest on
+        16 and so the closest, and the answer said "raise --max-replicas" where the start
+        config reads 126 % on 32 and 64 too."""
+        if self.replicas is not None or not self.tried or self.flat() is not None:
+            return None
+        term = worst_share(self.tried[max(self.tried)])[1]
+        for label, tried in self.others:
+            f = flat(tried)
+            if f is not None and f.term == term:
+                return label, f
+        return None
+
+    def _flat_elsewhere_text(self, label: str, f: Flat) -> str:
+        """Both candidates' figures, said as they are: the other's term is flat, the
+        closest's still fell over its last doubling, so whether more replicas lower it
+        further the search cannot tell, only that it is the same term."""
+        counts = sorted(self.tried)
+        top, below = counts[-1], (counts[-2] if len(counts) > 1 else None)
+        share_top = worst_share(self.tried[top])[0]
+        fell = ("" if below is None else
+                f", still fell from {worst_share(self.tried[below])[0]} on {below}")
+        shares = (f"{f.share_top:.0%}" if f"{f.share_below:.0%}" == f"{f.share_top:.0%}"
+                  else f"{f.share_below:.0%}-{f.share_top:.0%}")
+        return (f"With {label}'s knobs more replicas do not move it: "
+                f"{term_label(f.term)[0]} stays at {shares} of its limit from {f.below} to "
+                f"{f.top} replicas, the time each request takes alone (such as the prefill "
+                f"of the longest prompts), which replicas do not shorten. "
+                f"{self.label[:1].upper()}{self.label[1:]}'s, the lowest on {top} replicas "
+                f"({share_top}){fell}: more replicas may lower it a little further, but "
+                "not below what its requests take alone: a faster GPU, tensor parallelism, "
+                "shorter prompts in that class or a looser limit are the cure.")
 
     def table_lines(self) -> list[str]:
         """The report's table: per count the winning candidate tried, whether it holds and
@@ -208,6 +251,8 @@ class CapacityOutcome:
                 flat = self.flat()
                 if flat is not None:
                     return f"{head}. {flat.text()}"
+                if (elsewhere := self.flat_elsewhere()) is not None:
+                    return f"{head}. {self._flat_elsewhere_text(*elsewhere)}"
                 return (f"{head}; raise --max-replicas for a count with the headroom (tune "
                         f"judges with the live loop's {self.margin:.0%} headroom and has no "
                         "flag to lower it).")
@@ -220,6 +265,9 @@ class CapacityOutcome:
             flat = self.flat()
             if flat is not None:
                 return f"Not even {self.hi} replicas hold the SLO (tried: {tried}). {flat.text()}"
+            if (elsewhere := self.flat_elsewhere()) is not None:
+                return (f"Not even {self.hi} replicas hold the SLO (tried: {tried}). "
+                        + self._flat_elsewhere_text(*elsewhere))
             return (f"Not even {self.hi} replicas hold the SLO (tried: {tried}); raise "
                     "--max-replicas, relax the SLO, or use a larger GPU or model "
                     "parallelism.")
@@ -248,14 +296,18 @@ class CapacityOutcome:
                 f"{share} of its limit) with {self.label}'s knobs, short of the headroom only")
 
     def to_dict(self) -> dict[str, Any]:
-        flat = self.flat()
+        flat: dict[str, Any] | None = None
+        if (own := self.flat()) is not None:
+            flat = {**dataclasses.asdict(own), "candidate": self.label}
+        elif (elsewhere := self.flat_elsewhere()) is not None:
+            flat = {**dataclasses.asdict(elsewhere[1]), "candidate": elsewhere[0]}
         return {"replicas": self.replicas, "lo": self.lo, "hi": self.hi,
                 "config": dict(self.config), "candidate": self.label,
                 "tried": {str(n): {"feasible": r.feasible, "within_slo": within_slo(r),
                                    "worst_term": max(r.constraints, default=0.0),
                                    "worst_term_name": worst_share(r)[1]}
                           for n, r in sorted(self.tried.items())},
-                "flat": None if flat is None else dataclasses.asdict(flat),
+                "flat": flat,
                 "idle_floor": [f.to_dict() for f in self.floors],
                 "monotonic": not self.lucky, "lucky": list(self.lucky),
                 "gave_up": self.gave_up,
@@ -355,4 +407,5 @@ def capacity_answer(evaluator: RobustEvaluator,
                 if f.cls not in lowest or f.ttft_ms < lowest[f.cls].ttft_ms:
                     lowest[f.cls] = f
         floors = tuple(lowest.values())
-    return dataclasses.replace(best, searched=tuple(searched), floors=floors)
+    others = tuple((o.label, o.tried) for o in outcomes if o is not best)
+    return dataclasses.replace(best, searched=tuple(searched), floors=floors, others=others)
