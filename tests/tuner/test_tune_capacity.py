@@ -197,7 +197,8 @@ def test_none_holds_the_table_is_the_closest_candidates_and_says_so() -> None:
         "knobs" in out.sentence()
     table = out.table_lines()
     assert "| 8 | yes | no | P1 TTFT p99 | 95% | - |" in table
-    assert "Each count's figures are trial 0's, the candidate closest to holding." in table
+    assert "Each count's figures are trial 0's, the candidate closest to holding: within " \
+        "the SLO on the fewest replicas (8)." in table
     assert out.to_dict()["candidate"] == "trial 0"
     assert out.to_dict()["tried"]["8"]["within_slo"] is True
 

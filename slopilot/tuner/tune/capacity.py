@@ -147,10 +147,7 @@ class CapacityOutcome:
     def table_lines(self) -> list[str]:
         """The report's table: per count the winning candidate tried, whether it holds and
         its worst term, named, as a share of its limit."""
-        whose = (f"Each count's figures are {self.label}'s" if self.replicas is not None
-                 else f"Each count's figures are {self.label}'s, the candidate closest to "
-                      "holding")
-        lines = [self.sentence(), "", whose + ".", "",
+        lines = [self.sentence(), "", self.whose(), "",
                  f"| replicas | within SLO | with {self.margin:.0%} headroom | worst term | "
                  "share of limit | in window |", "|---|---|---|---|---|---|"]
         for n, r in sorted(self.tried.items()):
@@ -164,6 +161,22 @@ class CapacityOutcome:
                          f"{'-' if window is None else window} |")
         noise = self.noise()
         return lines + ([] if noise is None else ["", noise])
+
+    def whose(self) -> str:
+        """Whose figures the table shows and, where none holds, in what sense it came
+        closest (``_closeness``): the verdict's "closest" is the study's, on the count tuned
+        at, and may be another config (tiny-cpu: trial 24 there, the start config on 16)."""
+        if self.replicas is not None:
+            return f"Each count's figures are {self.label}'s."
+        within = [n for n, r in self.tried.items() if within_slo(r)]
+        if within:
+            why = f": within the SLO on the fewest replicas ({min(within)})"
+        elif self.tried:
+            why = (f" on {max(self.tried)} replicas, the most searched (its worst term the "
+                   "lowest there)")
+        else:
+            why = ""
+        return f"Each count's figures are {self.label}'s, the candidate closest to holding{why}."
 
     def below(self) -> str | None:
         """What the count one below the answer missed, and by how much; None where the

@@ -9,6 +9,7 @@ from pathlib import Path
 from slopilot.tuner.study.objective import TrialResult
 from slopilot.tuner.study.plot_subject import PlotSubject
 from slopilot.tuner.study.report import ReportContext, write_report
+from slopilot.tuner.study.verdict import term_label, worst_share
 from slopilot.tuner.tune.capacity import CapacityOutcome
 from slopilot.tuner.tune.outcome import Candidate, TuneOutcome
 from slopilot.tuner.tune.settings import check_command
@@ -44,7 +45,23 @@ def _capacity_lines(outcome: TuneOutcome, cap: CapacityOutcome) -> list[str]:
             cap, tried={outcome.settings.replicas: tuned, **cap.tried}).table_lines()
         # The sentence is the search's own (which counts it tried), not the table's.
         lines = [cap.sentence(), *lines[1:]]
-    return lines + _one_fewer(outcome, cap)
+    return lines + _verdicts_closest(outcome, cap) + _one_fewer(outcome, cap)
+
+
+def _verdicts_closest(outcome: TuneOutcome, cap: CapacityOutcome) -> list[str]:
+    """Where the verdict's closest config on the count tuned at is another than the
+    table's candidate, both named: tiny-cpu's verdict read trial 24's P0 TTFT p99 at 140 %
+    on 1 replica, and the table "the start config's, the candidate closest to holding"
+    read 275 % (P0 TBT p99) on that same count."""
+    best, n = outcome.best, outcome.settings.replicas
+    if best.label == cap.label or best.result.feasible:
+        return []
+    share, name = worst_share(best.result)
+    term = "its worst term" if name is None else term_label(name)[0]
+    row = (f"; the table's row for {n} is {cap.label}'s"
+           if _candidate_result(outcome, cap.label) is not None or n in cap.tried else "")
+    return ["", f"On {n} replica{'s' if n != 1 else ''}, the count tuned at, the verdict's "
+                f"closest config is {best.label} ({term} at {share} of its limit){row}."]
 
 
 def _one_fewer(outcome: TuneOutcome, cap: CapacityOutcome) -> list[str]:
