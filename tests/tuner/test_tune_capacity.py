@@ -229,8 +229,8 @@ def test_a_term_flat_for_another_candidate_is_said_not_answered_with_more_replic
     assert "raise --max-replicas" not in sentence
     assert "With trial 24's knobs more replicas do not move it: P0 TTFT p99 stays at " \
         "132%-131% of its limit from 8 to 16 replicas" in sentence
-    assert "The start config's, the lowest on 16 replicas (126%), still fell from 144% " \
-        "on 8: more replicas may lower it a little further, but not below what its " \
+    assert "The start config's P0 TTFT p99, the lowest on 16 replicas (126%), still fell " \
+        "from 144% on 8: more replicas may lower it a little further, but not below what its " \
         "requests take alone" in sentence
     flat = out.to_dict()["flat"]
     assert flat["term"] == "p0.ttft_p99" and flat["candidate"] == "trial 24"

@@ -139,7 +139,8 @@ class CapacityOutcome:
                 f"{term_label(f.term)[0]} stays at {shares} of its limit from {f.below} to "
                 f"{f.top} replicas, the time each request takes alone (such as the prefill "
                 f"of the longest prompts), which replicas do not shorten. "
-                f"{self.label[:1].upper()}{self.label[1:]}'s, the lowest on {top} replicas "
+                f"{self.label[:1].upper()}{self.label[1:]}'s {term_label(f.term)[0]}, the "
+                f"lowest on {top} replicas "
                 f"({share_top}){fell}: more replicas may lower it a little further, but "
                 "not below what its requests take alone: a faster GPU, tensor parallelism, "
                 "shorter prompts in that class or a looser limit are the cure.")
