@@ -12,7 +12,13 @@ from pathlib import Path
 from slopilot.engine.seconds_flag import seconds
 from slopilot.engine.sim.dispatch import add_dispatch_argument
 from slopilot.engine.sim.trace_flags import TRACE_DEPLOYMENT, add_trace_arguments
-from slopilot.tuner.tune.settings import DEFAULT_MAX_REPLICAS, DEFAULT_SEEDS, DEFAULT_WARMUP_S
+from slopilot.tuner.tune.settings import (
+    DEFAULT_MAX_REPLICAS,
+    DEFAULT_MAX_TOO_LONG,
+    DEFAULT_SEEDS,
+    DEFAULT_WARMUP_S,
+    share,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -55,6 +61,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "above it that does")
     w.add_argument("--max-replicas", type=int, default=DEFAULT_MAX_REPLICAS,
                    help=f"the capacity search's upper bound (default: {DEFAULT_MAX_REPLICAS})")
+    w.add_argument("--max-too-long", type=share("--max-too-long"), default=None,
+                   metavar="SHARE",
+                   help="the share of a trace's requests too long for one replica (past "
+                        "its model's context or KV cache, rejected whatever the knobs) "
+                        "above which the SLO does not hold, 0 to 1 or a percent (default: "
+                        f"{DEFAULT_MAX_TOO_LONG:g}); raise it to accept those rejections "
+                        "knowingly (a trace only)")
     add_dispatch_argument(w, "each trial and the capacity search")
     p.add_argument("--set", dest="fixed", action="append", default=[], metavar="KNOB=VALUE",
                    help="fix a knob (not tuned; also applied to the start config)")

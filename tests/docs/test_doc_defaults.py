@@ -21,7 +21,7 @@ from slopilot.engine.meter.body_budget import BODY_BUDGET_MIB, MAX_BODY_MIB
 from slopilot.engine.server.request_limits import DEFAULT_MAX_BODY_BYTES
 from slopilot.tuner.local.demo import DemoOptions
 from slopilot.tuner.sim.robust import TRACE_WINDOW_S
-from slopilot.tuner.tune.settings import DEFAULT_SEEDS, DEFAULT_WARMUP_S
+from slopilot.tuner.tune.settings import DEFAULT_MAX_TOO_LONG, DEFAULT_SEEDS, DEFAULT_WARMUP_S
 from tests.docs.test_doc_references import DOCS, ROOT, _subcommands
 
 # A default a help text states: "(default 30)", "(default: auto, as serve)", "Default: ...".
@@ -42,6 +42,7 @@ UNSET_DEFAULTS: dict[tuple[str, str], float] = {
     ("meter", "--max-body-mb"): MAX_BODY_MIB,
     ("meter", "--body-budget-mb"): BODY_BUDGET_MIB,
     ("tune", "--seeds"): DEFAULT_SEEDS,
+    ("tune", "--max-too-long"): DEFAULT_MAX_TOO_LONG,
     ("tune", "--warmup"): DEFAULT_WARMUP_S,
     ("tune", "--duration"): TRACE_WINDOW_S,  # a trace's window; a scenario's: its own
     ("demo", "--replicas"): _DEMO.replicas,

@@ -4,7 +4,9 @@ its KV cache), so the server answers it 400 and the twin rejects it before it is
 
 Knobs cannot change that, and no SLO term measures it: a run that turns away most of its
 load looks, by its P99s alone, like one that holds. ``simulate`` and ``tune`` warn above
-``WARN_SHARE`` of the requests, and ``tune``'s verdict says it (docs/tuning.md).
+``WARN_SHARE`` of the requests, and ``tune``'s verdict says it; above its
+``--max-too-long`` share (``WARN_SHARE`` unless given) ``tune``'s verdict does not hold
+(docs/tuning.md).
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ if TYPE_CHECKING:
 WARN_SHARE = 0.01
 """Above this share of a run's requests rejected as too long, ``simulate`` and ``tune``
 warn: a trace's odd overlong prompt is noise, one in a hundred already a class of the
-load that the verdict does not see."""
+load that the verdict does not see. ``tune``'s verdict does not hold above it either,
+unless ``--max-too-long`` names a larger share."""
 
 
 @dataclass(frozen=True)
@@ -62,7 +65,11 @@ class TooLong:
 
     @property
     def warns(self) -> bool:
-        return self.requests > 0 and self.share > WARN_SHARE
+        return self.exceeds(WARN_SHARE)
+
+    def exceeds(self, max_share: float) -> bool:
+        """More of them than ``max_share`` of the requests (none never does)."""
+        return self.requests > 0 and self.share > max_share
 
     def percent(self) -> str:
         """The share as the warning says it: a decimal below 10 %, never rounded onto the
@@ -85,8 +92,12 @@ class TooLong:
 
     def clause(self) -> str:
         """The verdict's sentence on them, shorter than ``text``'s warning."""
+        return f"{self.rejected()}; {self.limit.fix()}."
+
+    def rejected(self) -> str:
+        """``90 of 100 requests (90%) exceed ... and are rejected unjudged``."""
         return (f"{self.requests:,} of {self.of:,} requests ({self.percent()}) exceed "
-                f"{self.limit.words()} and are rejected unjudged; {self.limit.fix()}.")
+                f"{self.limit.words()} and are rejected unjudged")
 
     def to_dict(self) -> dict[str, Any]:
         return {"requests": self.requests, "of": self.of, "share": self.share,

@@ -18,8 +18,9 @@ up to ``max_replicas`` does, and ``tried``, each count's ``figures``; null other
 ``timing``, ``warnings`` (each also on stderr when the study
 starts, or, a trace's session pace, once the start config has been replayed),
 ``too_long`` (a trace's requests too long for one replica, rejected unjudged:
-``requests``, ``of``, ``share``, ``limit_tokens``, ``limit``; null for a generated
-workload).
+``requests``, ``of``, ``share``, ``limit_tokens``, ``limit``, ``max_share``, the
+``--max-too-long`` share, and ``exceeds_max``: ``share`` is above it, and ``holds`` is
+false; null for a generated workload).
 """
 
 from __future__ import annotations
@@ -109,7 +110,9 @@ def as_dict(outcome: TuneOutcome, report: Path | None) -> dict[str, Any]:
         "command": outcome.command, "check_command": outcome.check_command,
         "timing": outcome.timing.to_dict(), "warnings": list(outcome.warnings),
         "whole_trace": None if outcome.whole is None else outcome.whole.to_dict(),
-        "too_long": None if s.too_long is None else s.too_long.to_dict(),
+        "too_long": None if s.too_long is None else {
+            **s.too_long.to_dict(), "max_share": s.max_too_long,
+            "exceeds_max": s.too_long.exceeds(s.max_too_long)},
         "report": str(report) if report else None,
     }
 

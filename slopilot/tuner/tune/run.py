@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
+import re
 import sys
 import time
 from collections.abc import Mapping
@@ -196,8 +198,8 @@ def _whole_check(s: TuneSettings, evaluator: RobustEvaluator, plan: WindowPlan,
     """The answer replayed over the whole trace (``whole_check.py``), where windows
     chose it; None where nothing is recommended, or the plan judged the trace whole or a
     generated workload's seeds (each judged whole already)."""
-    if plan.kind != "trace":
-        return None
+    if plan.kind != "trace" or _too_many_too_long(s):
+        return None  # too many too long: nothing is recommended, whatever it finds
     if best.result.feasible:
         config, replicas = best.result.config, s.replicas
     elif capacity is not None and capacity.replicas is not None:
@@ -234,6 +236,31 @@ def _unjudged(sentence: str, too_long: TooLong) -> str:
     served = too_long.of - too_long.requests
     held = f"holds the SLO on the {served:,} requests that fit, in every window"
     return f"{too_long.clause()} {sentence.replace('holds the SLO in every window', held)}"
+
+
+def _too_many_too_long(s: TuneSettings) -> bool:
+    """More of the trace's requests too long for one replica than ``--max-too-long``: the
+    SLO does not hold, whatever the study finds on the rest."""
+    return s.too_long is not None and s.too_long.exceeds(s.max_too_long)
+
+
+def _refused(sentence: str, too_long: TooLong, max_share: float) -> str:
+    """The verdict where too many requests are too long: it does not hold, nothing is
+    recommended, and what the study found is said of the requests that fit, in the past
+    tense (no "holds" a reader could take for the answer)."""
+    limit = too_long.limit
+    # The smallest share, to the percent, that would accept them (round first: 0.9 * 100
+    # is 90.00000000000001).
+    accepts = math.ceil(round(too_long.share * 100, 9)) / 100
+    lead = (f"{too_long.rejected()}, more than the {max_share * 100:g}% --max-too-long "
+            "allows: the SLO does not hold whatever the knobs, and more replicas serve "
+            "none of them (a request too long for one replica is too long for each), so "
+            f"nothing is recommended; {limit.fix()}, cut such requests from the trace, or "
+            f"give --max-too-long {accepts:g} to accept them.")
+    rest = sentence.replace(": keep the start config, no knob changes.", ".")
+    rest = re.sub(r"\bholds\b", "held", re.sub(r"\bhold the SLO\b", "held the SLO", rest))
+    served = too_long.of - too_long.requests
+    return f"{lead} What the study found on the {served:,} requests that fit: {rest}"
 
 
 def _outcome(s: TuneSettings, plan: WindowPlan, tuner: Tuner, start: TrialResult,
@@ -280,7 +307,10 @@ def _outcome(s: TuneSettings, plan: WindowPlan, tuner: Tuner, start: TrialResult
             sentence = sentence.replace(": keep the start config, no knob changes.", ".")
             config = None
         sentence += " " + whole.clause(windows_replicas)
-    if s.too_long is not None and s.too_long.warns:
+    if s.too_long is not None and _too_many_too_long(s):
+        sentence = _refused(sentence, s.too_long, s.max_too_long)
+        replicas, config = None, None
+    elif s.too_long is not None and s.too_long.warns:
         sentence = _unjudged(sentence, s.too_long)
     changes = None if config is None else {
         k: v for k, v in config.items() if start.config.get(k) != v}

@@ -8,7 +8,7 @@ import dataclasses
 import math
 import shlex
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,7 +17,7 @@ from slopilot.engine.config import ConfigError, parse_set_args
 from slopilot.engine.sim.dispatch import Dispatch
 from slopilot.engine.sim.output_paths import check_output_dir
 from slopilot.engine.sim.scenario import Scenario, ScenarioError
-from slopilot.engine.sim.too_long import TooLong
+from slopilot.engine.sim.too_long import WARN_SHARE, TooLong
 from slopilot.engine.sim.trace_flags import trace_options
 from slopilot.engine.sim.trace_scenario import TraceOptions, load_with_trace
 from slopilot.engine.sim.workload_spec import TraceSpec
@@ -36,6 +36,9 @@ request lifetime where longer (``tuner/sim/robust.WARMUP_S``, the same figure, a
 ``plan_windows``; --help says it without importing the simulator)."""
 DEFAULT_SEEDS = 3
 """``--seeds``: workload seeds per trial of a generated workload unless the user names some."""
+DEFAULT_MAX_TOO_LONG = WARN_SHARE
+"""``--max-too-long``: above this share of a trace's requests too long for one replica the
+verdict does not hold; the share ``tune`` warns above (``engine/sim/too_long.py``)."""
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,9 @@ class TuneSettings:
     too_long: TooLong | None = None
     """A trace's requests one replica of the start config never serves (too long for it,
     rejected unjudged: ``engine/sim/too_long.py``); None for a generated workload."""
+    max_too_long: float = DEFAULT_MAX_TOO_LONG
+    """``--max-too-long``: above this share of ``too_long`` nothing holds (knobs and
+    replicas serve none of them), whatever the study finds on the rest."""
 
 
 def parse_bounds(items: list[str]) -> dict[str, Any]:
@@ -88,6 +94,21 @@ def parse_bounds(items: list[str]) -> dict[str, Any]:
         else:
             out[name.strip()] = value.split(",")
     return out
+
+
+def share(flag: str) -> Callable[[str], float]:
+    """argparse type: a share from 0 to 1, ``0.05``, or a percent, ``5%``."""
+    def parse(text: str) -> float:
+        said = text.strip()
+        try:
+            value = float(said[:-1]) / 100 if said.endswith("%") else float(said)
+        except ValueError:
+            value = math.nan
+        if not 0 <= value <= 1:  # nan too
+            raise argparse.ArgumentTypeError(
+                f"{flag} {text}: expected a share from 0 to 1 (e.g. 0.05 or 5%)")
+        return value
+    return parse
 
 
 def _count(flag: str, value: int, lo: int) -> int:
@@ -178,6 +199,13 @@ def settings_from(args: argparse.Namespace) -> TuneSettings:
             f"--seeds {args.seeds}: a generated workload's option; {scenario.name}'s "
             "workload is a trace, judged on its windows (its busiest and a typical one), "
             "not on seeds: leave --seeds out (--windows whole judges all of the trace)")
+    max_too_long = getattr(args, "max_too_long", None)
+    if max_too_long is not None and not isinstance(scenario.workload, TraceSpec):
+        # Refused, not ignored: only a trace's requests are counted against the context.
+        raise ValueError(
+            f"--max-too-long {max_too_long:g}: a trace's option; {scenario.name}'s workload "
+            "is generated, and tune counts the requests too long to serve of a trace "
+            "only: leave --max-too-long out")
     seeds = _count("--seeds", DEFAULT_SEEDS if args.seeds is None else args.seeds, 1)
     fixed = parse_set_args(args.fixed)
     stated = parse_bounds(args.bounds)
@@ -223,7 +251,8 @@ def settings_from(args: argparse.Namespace) -> TuneSettings:
         replicas=replicas, replicas_auto=auto, max_replicas=max_replicas,
         report_dir=args.report_dir, json=args.json, quiet=args.quiet,
         raw_bounds=tuple(args.bounds), profile=profile or None, dispatch=dispatch,
-        too_long=too_long)
+        too_long=too_long,
+        max_too_long=DEFAULT_MAX_TOO_LONG if max_too_long is None else max_too_long)
 
 
 def _check_storage_file(url: str) -> None:
@@ -400,6 +429,8 @@ def tune_command(s: TuneSettings) -> str:
         argv += ["--replicas", str(s.replicas)]
     if s.max_replicas != DEFAULT_MAX_REPLICAS:
         argv += ["--max-replicas", str(s.max_replicas)]
+    if s.max_too_long != DEFAULT_MAX_TOO_LONG:
+        argv += ["--max-too-long", _exact(s.max_too_long)]
     for name, value in s.fixed.items():
         argv += ["--set", f"{name}={value}"]
     for item in s.raw_bounds:
