@@ -570,12 +570,21 @@ def kernel_part(args: argparse.Namespace, knobs: list[str], slo_file: Path,
                     f = kernel_compare(records, before, scrape(url))
                     show_kernel(f"run {run + 1}, {name}, {stamp} stamp", f)
                     figures.setdefault(f"{name}_{stamp}", []).append(f)
-    print(f"\nmedians over {args.runs} runs, (server - client) / client")
-    print(f"{'':20}" + "".join(f"{k.removesuffix('_err'):>19}" for k in KERNEL_REPORTED))
-    for name, runs in figures.items():
-        row = {k: statistics.median(f[k] for f in runs) for k in KERNEL_REPORTED}
-        print(f"{name:20}" + "".join(f"{v:+19.1%}" for v in row.values()))
-        result |= {f"{name}_{k}": v for k, v in row.items()}
+    result |= medians(figures, KERNEL_REPORTED, args.runs, width=19)
+
+
+def medians(figures: dict[str, list[dict[str, float]]], reported: tuple[str, ...],
+            runs: int, *, width: int) -> dict[str, float]:
+    """Each phase's median over its runs of each reported error, printed as a table and
+    returned as RESULT keys (``PHASE_KEY``)."""
+    print(f"\nmedians over {runs} runs, (server - client) / client")
+    print(f"{'':20}" + "".join(f"{k.removesuffix('_err'):>{width}}" for k in reported))
+    out: dict[str, float] = {}
+    for name, ran in figures.items():
+        row = {k: statistics.median(f[k] for f in ran) for k in reported}
+        print(f"{name:20}" + "".join(f"{v:+{width}.1%}" for v in row.values()))
+        out |= {f"{name}_{k}": v for k, v in row.items()}
+    return out
 
 
 PHASES = (("completions", False), ("chat", True))
@@ -654,12 +663,7 @@ def poisson_part(args: argparse.Namespace, knobs: list[str], slo_file: Path,
                 f = compare(records, before, scrape(url), slo)
                 show(f"run {run + 1}, {endpoint}, {tool}", f)
                 figures.setdefault(f"{endpoint}_{tool}", []).append(f)
-    print(f"\nmedians over {args.runs} runs, (server - client) / client")
-    print(f"{'':20}" + "".join(f"{k.removesuffix('_err'):>20}" for k in REPORTED))
-    for name, runs in figures.items():
-        row = {k: statistics.median(f[k] for f in runs) for k in REPORTED}
-        print(f"{name:20}" + "".join(f"{v:+20.1%}" for v in row.values()))
-        result |= {f"{name}_{k}": v for k, v in row.items()}
+    result |= medians(figures, REPORTED, args.runs, width=20)
 
 
 if __name__ == "__main__":
