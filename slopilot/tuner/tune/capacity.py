@@ -28,6 +28,14 @@ count holds on a trace, each TTFT term is also held against its class's idle flo
 (``idle_floor.py``): at ``FLOOR_SHARE`` of its limit or more, on every candidate's knobs,
 no replica count holds, and the answer says so with the floor's figures.
 
+The floor is priced before any count is replayed (two one-request runs per class and
+candidate, well under a second, where each count's replay of the windows took a
+reviewer's bursty trace 20-30 s): where it is past a class's limit itself on every
+candidate's knobs, no count can hold the SLO, nor be within it short of the headroom, so
+the search is skipped (a reviewer's tune spent 207 s of 304 s replaying 9 counts the floor
+ruled out). A floor between ``FLOOR_SHARE`` and the limit leaves no count the headroom
+but may leave one within the SLO, which the answer names: those counts are still replayed.
+
 "Holds" is the headroom's (every term at most 90 % of its limit), and a count short of
 it may be well within the SLO: a reviewer read "12 replicas hold (11: misses)" and
 ``simulate --replicas 11`` held at 80 %, where tune's windows read 91 %. So each count
@@ -61,6 +69,7 @@ from slopilot.tuner.sim.robust import RobustEvaluator
 from slopilot.tuner.study.objective import TrialResult, WindowResult
 from slopilot.tuner.study.verdict import term_label, worst_share
 from slopilot.tuner.tune.idle_floor import IdleFloor, idle_floors
+from slopilot.tuner.tune.whole_check import ReplayProgress
 
 
 @dataclass(frozen=True)
@@ -92,11 +101,15 @@ class CapacityOutcome:
     others: tuple[tuple[str, Mapping[int, TrialResult]], ...] = ()
     """The other candidates searched and their results per count, in search order: where
     none holds, one of them may show the closest's worst term flat (``flat_elsewhere``)."""
+    skipped: bool = False
+    """No count was replayed: a floor past its limit rules every count out."""
+    judged_margin: float = 0.0
+    """The headroom asked for, where no count was replayed to carry it."""
 
     @property
     def margin(self) -> float:
         """The headroom the counts were judged with."""
-        return next((r.margin for r in self.tried.values()), 0.0)
+        return next((r.margin for r in self.tried.values()), self.judged_margin)
 
     def binding(self) -> tuple[IdleFloor, ...]:
         """The floors that leave no replica count to hold their term."""
@@ -160,6 +173,10 @@ class CapacityOutcome:
             lines.append(f"| {n} | {'yes' if within_slo(r) else 'no'} | "
                          f"{'yes' if r.feasible else 'no'} | {label} | {share} | "
                          f"{'-' if window is None else window} |")
+        if self.skipped:
+            # An empty table (or the tuned count's row alone) would read as a search lost.
+            lines += ["", f"No count from {self.lo} to {self.hi} was replayed: the idle "
+                      "floor above rules every count out."]
         noise = self.noise()
         return lines + ([] if noise is None else ["", noise])
 
@@ -270,6 +287,12 @@ class CapacityOutcome:
                 return (f"{head}; raise --max-replicas for a count with the headroom (tune "
                         f"judges with the live loop's {self.margin:.0%} headroom and has no "
                         "flag to lower it).")
+            if bound and self.skipped:
+                return ("No replica count holds the SLO, so none was replayed: "
+                        + "; ".join(f.text() for f in bound)
+                        + ". More replicas only take the queue away, not a prompt's own "
+                          "prefill: a faster GPU, tensor parallelism, shorter prompts in "
+                          "that class or a looser limit can.")
             if bound:
                 return (f"No replica count holds the SLO (tried: {tried}): "
                         + "; ".join(f.text() for f in bound)
@@ -368,18 +391,31 @@ def _window_requests(r: TrialResult) -> int | None:
 
 def capacity_answer(evaluator: RobustEvaluator,
                     candidates: Sequence[tuple[str, Mapping[str, Any]]], lo: int, hi: int,
-                    note: Callable[[str], None] = lambda _: None) -> CapacityOutcome:
-    """Search ``[lo, hi]`` from below (``CapacityPlanner.search``) for each candidate."""
+                    note: Callable[[str], None] = lambda _: None,
+                    progress: ReplayProgress | None = None) -> CapacityOutcome:
+    """Search ``[lo, hi]`` from below (``CapacityPlanner.search``) for each candidate,
+    unless the idle floor rules every count out (``_floors``). ``progress`` shows each
+    replay."""
     if not candidates:
         raise ValueError("candidates is empty: the capacity search needs a config")
+    unique: list[tuple[str, Mapping[str, Any]]] = []
+    for label, config in candidates:
+        if all(config != seen for _, seen in unique):
+            unique.append((label, config))
+    floors = _floors(evaluator, [config for _, config in unique])
+    if any(f.past_limit for f in floors):
+        label, config = unique[0]  # the study's closest: no replay ranks them here
+        note("capacity: no replica count is replayed: "
+             + "; ".join(f.text() for f in floors if f.past_limit))
+        return CapacityOutcome(None, dict(config), label, lo, hi, floors=floors,
+                               skipped=True, judged_margin=evaluator.margin)
     searched: list[tuple[str, int, bool, bool]] = []
     best: CapacityOutcome | None = None
     outcomes: list[CapacityOutcome] = []
-    seen: list[Mapping[str, Any]] = []
-    for label, config in candidates:
-        if config in seen:
-            continue
-        seen.append(config)
+    # Each candidate's climb from lo to hi, what a search in which none holds replays:
+    # the count shown (``~``) until a count holds and the bisection takes over.
+    climb = _climb(lo, hi) * len(unique)
+    for label, config in unique:
         top = hi if best is None or best.replicas is None else best.replicas - 1
         if top < lo:
             break
@@ -390,7 +426,13 @@ def capacity_answer(evaluator: RobustEvaluator,
                 runs: dict[int, TrialResult] = runs) -> TrialResult:
             if n not in runs:  # the steadiness check reads the bisection's runs again
                 note(f"capacity: {label} on {n} replicas ...")
-                result = runs[n] = evaluator.at_replicas(n).evaluate(cfg)
+                on_n = evaluator.at_replicas(n)
+                if progress is not None:
+                    k = len(searched) + 1
+                    on_n.progress = progress.replay(
+                        f"replica search: {label} on {n} replica{'s' if n != 1 else ''}, "
+                        f"replay {k} of ~{max(k, climb)}", evaluator.plan.simulated_s)
+                result = runs[n] = on_n.evaluate(cfg)
                 searched.append((label, n, result.feasible, within_slo(result)))
                 note(f"capacity: {label} on {n} replicas "
                      f"{'holds' if result.feasible else 'does not hold'} the SLO")
@@ -413,13 +455,30 @@ def capacity_answer(evaluator: RobustEvaluator,
     assert best is not None
     if best.replicas is None:
         best = min(outcomes, key=_closeness)  # ties: the earlier candidate
-    floors: tuple[IdleFloor, ...] = ()
-    if best.replicas is None and isinstance(evaluator.scenario.workload, TraceSpec):
-        lowest: dict[str, IdleFloor] = {}
-        for config in seen:
-            for f in idle_floors(evaluator.scenario, config, evaluator.slo):
-                if f.cls not in lowest or f.ttft_ms < lowest[f.cls].ttft_ms:
-                    lowest[f.cls] = f
-        floors = tuple(lowest.values())
     others = tuple((o.label, o.tried) for o in outcomes if o is not best)
-    return dataclasses.replace(best, searched=tuple(searched), floors=floors, others=others)
+    return dataclasses.replace(best, searched=tuple(searched),
+                               floors=floors if best.replicas is None else (), others=others)
+
+
+def _floors(evaluator: RobustEvaluator,
+            configs: Sequence[Mapping[str, Any]]) -> tuple[IdleFloor, ...]:
+    """Each TTFT-limited class's idle floor on a trace, the lowest over ``configs`` (so a
+    floor past its limit is past it on every candidate's knobs); none on a generated
+    workload, whose prompts are drawn per seed."""
+    if not isinstance(evaluator.scenario.workload, TraceSpec):
+        return ()
+    lowest: dict[str, IdleFloor] = {}
+    for config in configs:
+        for f in idle_floors(evaluator.scenario, config, evaluator.slo):
+            if f.cls not in lowest or f.ttft_ms < lowest[f.cls].ttft_ms:
+                lowest[f.cls] = f
+    return tuple(lowest.values())
+
+
+def _climb(lo: int, hi: int) -> int:
+    """How many counts ``CapacityPlanner.search`` replays where none holds: ``lo``, then
+    doubling up to ``hi``."""
+    n, counts = lo, 1
+    while n < hi:
+        n, counts = min(hi, 2 * n), counts + 1
+    return counts

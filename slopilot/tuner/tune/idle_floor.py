@@ -77,6 +77,12 @@ class IdleFloor:
         """Whether it leaves no replica count to hold the term (``FLOOR_SHARE``)."""
         return self.share >= FLOOR_SHARE
 
+    @property
+    def past_limit(self) -> bool:
+        """Whether it is past the limit itself: no count is even within the SLO short of
+        the headroom, so the capacity search has nothing to replay for."""
+        return self.ttft_ms > self.limit_ms
+
     def text(self) -> str:
         prompts = (f"{self.prompt_tokens:,} tokens" if self.prompt_tokens_above
                    == self.prompt_tokens else

@@ -153,7 +153,7 @@ def run(s: TuneSettings) -> TuneOutcome:
             capacity = capacity_answer(
                 evaluator, [(c.label, c.result.config) for c in ranked
                             if c.is_start or c.trial in closest],
-                s.replicas + 1, s.max_replicas, note=progress.note)
+                s.replicas + 1, s.max_replicas, note=progress.note, progress=progress)
         whole = _whole_check(s, evaluator, plan, best, capacity, start_config, progress)
     except (KeyboardInterrupt, Terminated) as exc:
         stopped = exc  # the open trial was told failed (Tuner.run)
