@@ -141,3 +141,41 @@ def test_tune_replays_no_count_where_the_floor_rules_all_out(
     assert "No replica count holds the SLO" in out["verdict"]
     assert "P0 TTFT p99 cannot fall below 172 ms" in out["verdict"]
     assert cap["idle_floor"][0]["binds"] is True
+
+
+def test_the_tune_progress_line_names_the_replay_and_counts_it(tmp_path: Path) -> None:
+    """Through ``TuneProgress`` (no clock read: a fake one): mid-replay the line shows the
+    replay's seconds within the grown total and which replay it is."""
+    import io
+
+    from slopilot.tuner.tune.progress import TuneProgress
+
+    scenario = _long_p0(tmp_path / "p0long.csv")
+    slo = dataclasses.replace(scenario.slo,
+                              p0=dataclasses.replace(scenario.slo.p0, ttft_p99_ms=180.0))
+    bar = TuneProgress(2, 300.0, trials=1, generated=False, stream=io.StringIO(), tty=False,
+                       clock=lambda: 0.0)
+    bar.simulated(600.0)  # the study done: the bar at 100 %
+    lines: list[str] = []
+
+    class HalfWay(CountingEvaluator):
+        progress: Any = None
+
+        def at_replicas(self, n: int) -> HalfWay:
+            return HalfWay(self.scenario, self.slo, n, self.calls)
+
+        def evaluate(self, config: Mapping[str, Any]) -> TrialResult:
+            self.progress(150.0)
+            assert bar.report is not None
+            lines.append(bar.report.line())
+            self.progress(300.0)  # done: the whole replay counted, as the evaluator does
+            return super().evaluate(config)
+
+    ev = HalfWay(scenario, slo)
+    ev.plan = type("Plan", (), {"simulated_s": 300.0})()  # type: ignore[attr-defined]
+    capacity_answer(ev, CANDIDATES[:1], 2, 8, progress=bar)  # type: ignore[arg-type]
+    assert lines[0].startswith("tune: 750/900 s simulated (83%)"), lines[0]
+    assert lines[0].endswith("replica search: trial 1 on 2 replicas, replay 1 of ~3")
+    assert lines[2].startswith("tune: 1,350/1,500 s simulated (90%)"), lines[2]
+    assert lines[2].endswith("replica search: trial 1 on 8 replicas, replay 3 of ~3")
+    bar.close()
