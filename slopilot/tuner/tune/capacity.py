@@ -29,12 +29,12 @@ count holds on a trace, each TTFT term is also held against its class's idle flo
 no replica count holds, and the answer says so with the floor's figures.
 
 The floor is priced before any count is replayed (two one-request runs per class and
-candidate, well under a second, where each count's replay of the windows took a
-reviewer's bursty trace 20-30 s): where it is past a class's limit itself on every
+candidate, well under a second): where it is past a class's limit itself on every
 candidate's knobs, no count can hold the SLO, nor be within it short of the headroom, so
-the search is skipped (a reviewer's tune spent 207 s of 304 s replaying 9 counts the floor
-ruled out). A floor between ``FLOOR_SHARE`` and the limit leaves no count the headroom
-but may leave one within the SLO, which the answer names: those counts are still replayed.
+the search is skipped (a reviewer's tune of a bursty trace spent 207 s of 304 s replaying
+9 counts, 3 candidates on 2, 4 and 8 replicas, that the floor ruled out). A floor
+between ``FLOOR_SHARE`` and the limit leaves no count the headroom but may leave one
+within the SLO, which the answer names: those counts are still replayed.
 
 "Holds" is the headroom's (every term at most 90 % of its limit), and a count short of
 it may be well within the SLO: a reviewer read "12 replicas hold (11: misses)" and
