@@ -176,6 +176,8 @@ def test_bad_input_exits_2_with_the_reason(extra: list[str], message: str,
     ("token_budget=512", "--bound token_budget=512: expected two ends, lo and hi"),
     # The docs write ranges 128..8192; that form was "expected two ends" too.
     ("token_budget=4096..256", "--bound token_budget=4096..256: lo is above hi; swap them"),
+    # Split at its first "..", 0...1 read as 0 to .1: a narrower range, silently.
+    ("kv_watermark=0...1", "--bound kv_watermark=0...1: expected KNOB=LO:HI (or LO..HI)"),
     ("preemption_mode=swap,swap", "--bound preemption_mode=swap,swap: repeats a value"),
 ])
 def test_a_bad_bound_names_the_flag_as_written(bound: str, message: str,

@@ -84,11 +84,13 @@ def parse_bounds(items: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for item in items:
         name, sep, value = item.partition("=")
-        if not sep or not name.strip() or not value:
-            raise ConfigError(f"--bound {item!r}: expected KNOB=LO:HI (or LO..HI) or "
-                              "KNOB=a,b")
-        # The docs write a range 128..8192, so that form is one too.
+        # The docs write a range 128..8192, so that form is one too. An end that begins
+        # or ends in a dot beside the ".." (0...1) is a typo's: read, it narrows the range.
         ends = value.partition("..") if ".." in value else value.partition(":")
+        if not sep or not name.strip() or not value or (
+                ends[1] == ".." and (ends[0].endswith(".") or ends[2].startswith("."))):
+            raise ConfigError(f"--bound {item}: expected KNOB=LO:HI (or LO..HI) or "
+                              "KNOB=a,b")
         if ends[1]:
             out[name.strip()] = [ends[0], ends[2]]
         else:
