@@ -1,12 +1,15 @@
 """One collection kept in view, as client-go's reflector keeps it: listed, then watched
 from the listing's version, listed again when the watch ends, until the operator's stop.
 
-A watch the API server (or a proxy in front of it) ends at once with no event, or with
-its version expired (410), is listed again after a backoff: 1 s doubling up to 30 s, back
-to none after a watch that told events or lived 30 s. A refused LIST or watch (403) is
-the caller's to answer (``forbidden``); any other error is warned of and listed again
-``MAX_RETRY_S`` later: the thread must not die (what it keeps would go stale unnoticed).
-A listing answered after the stop is acted on no more.
+A watch the API server (or a proxy in front of it) ends at once with no event, with its
+version expired (410), or whose connection is lost on its own (an API server restarting,
+a load balancer's idle timeout: routine, said at INFO), is listed again after a backoff:
+1 s doubling up to 30 s, back to none after a watch that told events or lived 30 s. A
+refused LIST or watch (403) is the caller's to answer (``forbidden``), the refusal lasting
+until a watch is let through (``let_through``): a LIST let through with its watch refused
+(RBAC granting list, not watch) is no end of it. Any other error is warned of and listed
+again ``MAX_RETRY_S`` later: the thread must not die (what it keeps would go stale
+unnoticed). A listing answered after the stop is acted on no more.
 """
 
 from __future__ import annotations
@@ -14,9 +17,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
+
+import urllib3
 
 from slopilot.operator.api_reach import MAX_RETRY_S
 from slopilot.operator.kubeapi import ApiError
@@ -62,19 +67,28 @@ class Reflector:
     """Told each event of a watch, whatever its type."""
     forbidden: Callable[[ApiError, bool], float]
     """The answer to a refused LIST or watch (or a handler's 403), told whether it is the
-    first since the last listing (or the start), where one warns once: returns the wait
-    before the next LIST."""
+    first since a watch was last let through (or the start), where a refusal starts:
+    returns the wait before the next LIST."""
     stop: threading.Event
     clock: Callable[[], float] = time.monotonic
     log: logging.Logger = _log
     """Where its warnings go: the caller's, so that they read as its own."""
+    let_through: Callable[[], None] = lambda: None
+    """Told when a watch is let through (it told an event, ended, or its version expired)
+    after refusals: the refusal is over."""
 
     def run(self) -> None:
         relist = _Relist(self.clock)
         refused = False
+
+        def opened() -> bool:  # the new value of ``refused``
+            if refused:
+                self.let_through()
+            return False
+
         while not self.stop.is_set():
             wait_s = MAX_RETRY_S
-            began, events = self.clock(), 0
+            began, events, watching = self.clock(), 0, False
             try:
                 listing = self.list_all()
                 if self.stop.is_set():  # answered after the stop: nothing made of it
@@ -82,17 +96,26 @@ class Reflector:
                 self.listed(listing)
                 version = str((listing.get("metadata") or {}).get("resourceVersion", ""))
                 del listing  # not held through a watch that may last minutes
-                refused = False
-                began = self.clock()
-                for event in self.watch_from(version):
+                began, watching = self.clock(), True
+                for event in _cut_apart(self.watch_from(version)):
+                    refused = opened()
                     events += 1
                     self.seen(event)
+                refused = opened()
                 # The watch ran its time (or the stop closed it): listed again, at once
                 # unless it ended at once.
                 _pause(self.stop, relist.after(began, events))
                 continue
+            except _Cut as cut:
+                wait_s = relist.after(began, events)
+                self.log.info("slopilot operator: the watch of %s was cut (%s); listed "
+                              "again in %.0f s", self.what, cut.__cause__, wait_s)
+                _pause(self.stop, wait_s)
+                continue
             except ApiError as exc:
                 if exc.status == 410:  # the watch's version expired: listed again
+                    if watching:
+                        refused = opened()
                     _pause(self.stop, relist.after(began, events))
                     continue
                 if exc.status == 403:
@@ -105,6 +128,19 @@ class Reflector:
                 self.log.warning("slopilot operator: list or watch of %s failed (%s); "
                                  "listed again in %.0f s", self.what, exc, MAX_RETRY_S)
             self.stop.wait(wait_s)
+
+
+class _Cut(Exception):
+    """A watch's connection lost on its own (raised from the urllib3 or socket error)."""
+
+
+def _cut_apart(events: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """``events``, a lost connection raised as ``_Cut``: told apart from the same errors
+    raised by a handler's own call (those take the general path)."""
+    try:
+        yield from events
+    except (urllib3.exceptions.HTTPError, OSError) as exc:
+        raise _Cut() from exc
 
 
 def _pause(stop: threading.Event, wait_s: float) -> None:

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import urllib3
 
 from slopilot.operator.api_reach import MAX_RETRY_S
 from slopilot.operator.kubeapi import ApiError
@@ -26,7 +27,8 @@ FORBIDDEN = ApiError(403, "Forbidden", "namespaces is forbidden")
 class Api:
     """A collection's LISTs and watches, each answered as the next of its script says
     (the last repeats). A LIST: a dict (the listing; its version the count of LISTs so
-    far) or an exception. A watch: a list of events, ``"long"`` (no event, ends
+    far) or an exception. A watch: a list of events (an exception among them raised
+    there: its connection lost), ``"long"`` (no event, ends
     ``RELIST_CAP_S`` later on the clock), ``"stop"`` (the stop comes while it is open) or
     an exception."""
 
@@ -66,7 +68,10 @@ class Api:
             yield {"type": "ADDED", "object": {"n": version}}
             self.stop.set()  # the stop closes the open watch: it ends, told no more
         else:
-            yield from answer
+            for item in answer:
+                if isinstance(item, Exception):
+                    raise item
+                yield item
 
     def forbidden(self, exc: ApiError, first: bool) -> float:
         assert exc is FORBIDDEN
@@ -130,17 +135,21 @@ def test_a_listing_answered_after_the_stop_is_not_acted_on() -> None:
     assert api.listed == [] and api.watched == [] and stop.waits == []
 
 
-def test_a_refusal_calls_the_403_policy_first_once_until_a_listing() -> None:
-    """The 403 policy is told whether it is the first refusal since the last listing
-    (the one to warn of, where it warns once), and its answer is the wait before the
-    next LIST."""
+def test_a_refusal_calls_the_403_policy_first_once_until_a_watch_is_let_through() -> None:
+    """The 403 policy is told whether it is the first refusal since a watch was last let
+    through (where a refusal starts), and its answer is the wait before the next LIST;
+    a LIST let through whose watch is refused is no end of the refusal."""
     stop = Stop(limit=5)
-    api = Api(stop, lists=[FORBIDDEN, FORBIDDEN, {}, FORBIDDEN, FORBIDDEN])
+    api = Api(stop, lists=[FORBIDDEN, {}, {}, FORBIDDEN, FORBIDDEN])
     api.watches = [FORBIDDEN, []]  # a watch refused counts too
-    api.reflector().run()
-    assert api.refusals == [True, False, True, False, False]
-    assert api.listed == ["1"]
-    assert stop.waits == [api.forbidden_wait_s] * 5
+    let_through: list[int] = []
+    reflector = api.reflector()
+    reflector.let_through = lambda: let_through.append(len(api.listed))
+    reflector.run()
+    assert api.refusals == [True, False, True, False]
+    assert api.listed == ["1", "2"] and let_through == [2]
+    wait_s = api.forbidden_wait_s
+    assert stop.waits == [wait_s, wait_s, RELIST_FIRST_S, wait_s, wait_s]
 
 
 @pytest.mark.parametrize("error", [ApiError(500, "Internal", "etcd"), KeyError("items")])
@@ -155,3 +164,56 @@ def test_any_other_error_is_warned_of_and_listed_again_later(
     assert stop.waits == [MAX_RETRY_S, MAX_RETRY_S]
     assert caplog.text.count("list or watch of things") == 2, caplog.text
     assert api.refusals == []
+
+
+def test_a_watch_refused_after_each_listing_is_one_refusal_until_a_watch_opens() -> None:
+    """Listed but not watched (RBAC grants list, not watch): each listing let through
+    counted as the refusal's end, so the policy warned of the "first" one each resync.
+    The refusal ends when a watch is let through, and the caller is told so."""
+    stop = Stop(limit=4)
+    api = Api(stop, watches=[FORBIDDEN, FORBIDDEN, FORBIDDEN, [event("a")], FORBIDDEN])
+    let_through: list[int] = []
+    reflector = api.reflector()
+    reflector.let_through = lambda: let_through.append(len(api.listed))
+    reflector.run()
+    assert api.listed == ["1", "2", "3", "4", "5"]
+    assert api.refusals == [True, False, False, True]
+    assert let_through == [4]  # told once, when the fourth watch opened
+    assert stop.waits == [api.forbidden_wait_s] * 4
+
+
+CUTS = [urllib3.exceptions.ProtocolError(
+            "Connection broken", ConnectionResetError(104, "Connection reset by peer")),
+        ConnectionResetError(104, "Connection reset by peer"),
+        urllib3.exceptions.ReadTimeoutError(None, "/api/v1/namespaces", "Read timed out.")]
+
+
+@pytest.mark.parametrize("cut", CUTS, ids=["protocol", "reset", "timeout"])
+def test_a_watch_cut_on_its_own_is_listed_again_after_the_backoff_unwarned(
+        caplog: pytest.LogCaptureFixture, cut: Exception) -> None:
+    """An API server restarting (or a load balancer's idle timeout) resets the watch's
+    connection: routine, so listed again at once after a watch that told events or
+    lived, else after the relist backoff; not a warning (nor 30 s) each time."""
+    stop = Stop(limit=3)
+    api = Api(stop, watches=[[cut], [cut], [event("a"), cut], [cut]])
+    with caplog.at_level(logging.INFO):
+        api.reflector().run()
+    assert stop.waits == [RELIST_FIRST_S, 2 * RELIST_FIRST_S, RELIST_FIRST_S]
+    assert api.listed == ["1", "2", "3", "4"] and api.seen == [event("a")]
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+    assert caplog.text.count("watch of things was cut") == 4, caplog.text
+
+
+def test_a_handlers_connection_error_is_warned_of_as_any_other() -> None:
+    """Only the watch's own connection lost is routine: a handler's call that found no
+    API server takes the general path (warned of, listed again MAX_RETRY_S later)."""
+    stop = Stop(limit=2)
+    api = Api(stop, watches=[[event("a")]])
+    reflector = api.reflector()
+
+    def seen(_event: dict[str, Any]) -> None:
+        raise urllib3.exceptions.ProtocolError("Connection aborted")
+
+    reflector.seen = seen
+    reflector.run()
+    assert stop.waits == [MAX_RETRY_S, MAX_RETRY_S]
