@@ -15,16 +15,20 @@ it is to lift), this lists and watches namespaces, as kopf's own namespace obser
 every namespace (``list, watch`` on ``kopfpeerings`` there too): peering_needs.py makes
 the object where it is missing, again where one is deleted by hand while its namespace
 stays (kopf does not pause then, but its replicas there stop seeing each other), and tries
-a refused create again after a backoff. Where the peering objects may not be watched,
-each listing of namespaces checks each served one's object instead (a GET a minute).
+a refused create again after a backoff. Where the peering objects may not be listed or
+watched, each listing of namespaces checks each served one's object instead (a GET a
+minute), until a watch of them is let through.
 
 Each collection is listed and watched by a reflector (reflector.py): a watch the API
 server (or a proxy in front of it) ends at once with no event, or with its version
-expired (410), is listed again after a backoff, as client-go's reflector does: 1 s
-doubling up to 30 s, back to none after a watch that told events or lived 30 s. What
-differs here is the answer to a refusal (403): namespaces are warned of at each try
-(nothing stands in for their watch), peering objects turn to the GETs above, warned of
-once until a listing is let through.
+expired (410), or cut on its own (a connection reset), is listed again after a backoff,
+as client-go's reflector does: 1 s doubling up to 30 s, back to none after a watch that
+told events or lived 30 s. What differs here is the answer to a refusal (403), which
+lasts until a watch is let through (a LIST let through, its watch refused, is no end of
+it): namespaces are tried again each ``MAX_RETRY_S`` (nothing stands in for their watch),
+warned of when the refusal starts, again each ``REWARN_S`` while it lasts (each try the
+same line would bury the rest of the log), and said when it ends; peering objects turn
+to the GETs above, warned of once, and said when it ends.
 
 Nothing here stops the operator. The operator's stop closes the open watches at once
 (watch_stream.py) and ends each wait; a LIST in flight is not cut (up to the API call's
@@ -38,6 +42,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from slopilot.operator.api_reach import MAX_RETRY_S
@@ -55,6 +60,12 @@ JOIN_S = 5.0
 one in a LIST: its watch closed, its waits the stop's); a daemon thread past that."""
 STOP_WITHIN_S = 2 * JOIN_S
 """The most the operator's stop waits for ``keep_peerings`` to return."""
+REWARN_S = 3600.0
+"""How often a refused list or watch of namespaces, lasting, is warned of again (each try,
+``MAX_RETRY_S`` apart, said at DEBUG)."""
+NAMESPACES_RULE = 'apiGroups: [""], resources: [namespaces], verbs: [list, watch]'
+"""The rule of ``slopilot-operator-namespaced`` a refused list or watch of namespaces
+lacks, as its warning names it."""
 NAMESPACES = "/api/v1/namespaces"
 PEERINGS = f"/apis/{API_VERSION}/kopfpeerings"
 
@@ -94,17 +105,61 @@ def _namespaces(keeper: PeeringKeeper, stop: threading.Event, watches: OpenWatch
         if event.get("type") in ("ADDED", "MODIFIED", "DELETED"):
             keeper.seen(event["object"], event["type"])
 
-    def forbidden(exc: ApiError, _first: bool) -> float:
-        # Nothing stands in for this watch: each refusal says so again.
-        log.warning("slopilot operator: may not list or watch namespaces (%s): a "
-                    "namespace created again or matched by a glob gets no KopfPeering; "
-                    "bind slopilot-operator-namespaced (manifests/namespaced-rbac.yaml)",
-                    exc)
+    refusal = _Refusal(keeper.clock)
+
+    def forbidden(exc: ApiError, first: bool) -> float:
+        # Nothing stands in for this watch, but a line each try would bury the rest of
+        # the log: said at the refusal's start, then each REWARN_S while it lasts.
+        fix = (f"bind slopilot-operator-namespaced (manifests/namespaced-rbac.yaml, rule "
+               f"{NAMESPACES_RULE}) to the operator's account with a ClusterRoleBinding")
+        match refusal.tell(first):
+            case None:
+                log.debug("slopilot operator: may not list or watch namespaces (%s)", exc)
+            case 0:
+                log.warning("slopilot operator: may not list or watch namespaces (%s): a "
+                            "namespace created again or matched by a glob gets no "
+                            "KopfPeering; %s; tried again each %.0f s, said again each "
+                            "%.0f min while refused", exc, fix, MAX_RETRY_S, REWARN_S / 60)
+            case tries:
+                log.warning("slopilot operator: still may not list or watch namespaces "
+                            "(%s), %d tries refused in %.0f min: a namespace created again "
+                            "or matched by a glob gets no KopfPeering; %s", exc, tries,
+                            refusal.lasted_s() / 60, fix)
         return MAX_RETRY_S
+
+    def let_through() -> None:
+        log.info("slopilot operator: may list and watch namespaces again (refused %.0f min)",
+                 refusal.lasted_s() / 60)
 
     _reflector(keeper, stop, watches, resync_s, NAMESPACES, "namespaces",
                listed=lambda listing: keeper.listed(listing.get("items") or []),
-               seen=seen, forbidden=forbidden).run()
+               seen=seen, forbidden=forbidden, let_through=let_through).run()
+
+
+@dataclass
+class _Refusal:
+    """When a lasting refusal is warned of: at its start, then each ``REWARN_S``."""
+
+    clock: Callable[[], float]
+    began: float = 0.0
+    warned: float = 0.0
+    tries: int = 0
+
+    def tell(self, first: bool) -> int | None:
+        """Each refused try, ``first`` where a refusal starts: 0 to warn of its start, the
+        tries refused so far to warn that it lasts, None to say nothing."""
+        now = self.clock()
+        if first:
+            self.began, self.warned, self.tries = now, now, 1
+            return 0
+        self.tries += 1
+        if now - self.warned < REWARN_S:
+            return None
+        self.warned = now
+        return self.tries
+
+    def lasted_s(self) -> float:
+        return self.clock() - self.began
 
 
 def _peerings(keeper: PeeringKeeper, stop: threading.Event, watches: OpenWatches,
@@ -130,21 +185,28 @@ def _peerings(keeper: PeeringKeeper, stop: threading.Event, watches: OpenWatches
                         "(manifests/namespaced-rbac.yaml)", exc, resync_s)
         return resync_s
 
+    def let_through() -> None:
+        # Set off here, not at a LIST let through: its watch may yet be refused.
+        keeper.recheck = False
+        log.info("slopilot operator: may list and watch KopfPeerings again: the GETs of "
+                 "each served namespace's stop")
+
     _reflector(keeper, stop, watches, resync_s, PEERINGS, "KopfPeerings",
-               listed=listed, seen=seen, forbidden=forbidden).run()
+               listed=listed, seen=seen, forbidden=forbidden, let_through=let_through).run()
 
 
 def _reflector(keeper: PeeringKeeper, stop: threading.Event, watches: OpenWatches,
                resync_s: int, path: str, what: str, *,
                listed: Callable[[dict[str, Any]], None],
                seen: Callable[[dict[str, Any]], None],
-               forbidden: Callable[[ApiError, bool], float]) -> Reflector:
+               forbidden: Callable[[ApiError, bool], float],
+               let_through: Callable[[], None]) -> Reflector:
     return Reflector(
         what, list_all=lambda: keeper.kube.request("GET", path),
         watch_from=lambda version: watch_events(keeper.kube, path, version=version,
                                                 timeout_s=resync_s, watches=watches),
         listed=listed, seen=seen, forbidden=forbidden, stop=stop, clock=keeper.clock,
-        log=log)
+        log=log, let_through=let_through)
 
 
 def _retries(keeper: PeeringKeeper, stop: threading.Event, _watches: OpenWatches,

@@ -73,8 +73,9 @@ class PeeringKeeper:
     """The operator's stop: once set, nothing more is made (a thread left behind by it, its
     LIST answered late, acts on nothing)."""
     recheck: bool = False
-    """Set while the peering objects may not be watched: each listing of namespaces then
-    checks each served one's object (a GET each), so one deleted by hand is made again."""
+    """Set from a refused LIST or watch of the peering objects until a watch of them is
+    let through: each listing of namespaces then checks each served one's object (a GET
+    each), so one deleted by hand is made again."""
     made: dict[str, str] = field(default_factory=dict)
     """namespace -> the uid of the namespace the object is known to be in."""
     namespaces: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -105,9 +106,10 @@ class PeeringKeeper:
                 self._seen(namespace, "ADDED")
 
     def peerings_listed(self, present: Collection[str]) -> None:
-        """A full listing of the peering objects: the namespaces that have one."""
+        """A full listing of the peering objects: the namespaces that have one. The
+        rechecks stay on until a watch of them is let through: a LIST let through says
+        nothing of the watch."""
         with self._lock:
-            self.recheck = False
             for ns in set(self.made) - set(present):
                 self.peering_gone(ns)
 

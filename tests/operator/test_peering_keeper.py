@@ -592,10 +592,11 @@ class Scripted(Listing):
 FORBIDDEN = ApiError(403, "Forbidden", "is forbidden")
 
 
-def test_a_list_of_namespaces_refused_is_warned_of_at_each_try(
+def test_a_list_of_namespaces_refused_is_warned_of_again_once_let_through_and_refused(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """Without it, no namespace created again or matched by a glob gets its KopfPeering:
-    nothing stands in for it, so each refusal says so again."""
+    warned of when the refusal starts, and again when it starts again after a watch was
+    let through (tried again each MAX_RETRY_S meanwhile)."""
     from slopilot.operator import peering_keeper
     from slopilot.operator.api_reach import MAX_RETRY_S
     from slopilot.operator.peering_needs import PeeringKeeper
@@ -605,10 +606,11 @@ def test_a_list_of_namespaces_refused_is_warned_of_at_each_try(
     kube = Scripted(stop, [FORBIDDEN, FORBIDDEN, None, FORBIDDEN])
     watches_that(monkeypatch, [0.0], ["closed"])
     keeper = PeeringKeeper(kube, PEERING, serving([]))  # type: ignore[arg-type]
-    with caplog.at_level(logging.WARNING):
+    with caplog.at_level(logging.INFO):
         peering_keeper._namespaces(keeper, stop, OpenWatches(), 45)
     assert stop.waits == [MAX_RETRY_S, MAX_RETRY_S, 1.0, MAX_RETRY_S]
-    assert caplog.text.count("may not list or watch namespaces") == 3, caplog.text
+    assert caplog.text.count("may not list or watch namespaces") == 2, caplog.text
+    assert caplog.text.count("may list and watch namespaces again") == 1, caplog.text
     assert not keeper.recheck
 
 
@@ -638,3 +640,87 @@ def test_a_list_of_peerings_refused_turns_to_rechecks_warned_of_once_until_liste
     assert stop.waits == [45, 45, 1.0, 45, 45]
     assert rechecks == [True, True, False, True, True]
     assert caplog.text.count("may not list or watch KopfPeerings") == 2, caplog.text
+
+
+class Clocked(Stop):
+    """A ``Stop`` whose each wait moves ``clock`` on by its timeout."""
+
+    def __init__(self, limit: int, clock: list[float]) -> None:
+        super().__init__(limit)
+        self.clock = clock
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.clock[0] += timeout or 0.0
+        return super().wait(timeout)
+
+
+def test_a_list_of_namespaces_refused_for_hours_is_warned_of_at_its_start_then_hourly(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Warned of at each try, a refusal that lasted filled the operator's log with the
+    same line each 30 s (~2,900 a day), burying everything else. Now: at its start (with
+    the rule to add), again once an hour while it lasts, and said when let through;
+    tried again each MAX_RETRY_S all along."""
+    from slopilot.operator import peering_keeper
+    from slopilot.operator.api_reach import MAX_RETRY_S
+    from slopilot.operator.peering_keeper import REWARN_S
+    from slopilot.operator.peering_needs import PeeringKeeper
+    from slopilot.operator.watch_stream import OpenWatches
+
+    clock = [0.0]
+    tries = int(2 * REWARN_S / MAX_RETRY_S)  # two hours refused
+    stop = Clocked(tries + 2, clock)
+    kube = Scripted(stop, [*[FORBIDDEN] * tries, None, FORBIDDEN])
+    watches_that(monkeypatch, clock, ["closed"])
+    keeper = PeeringKeeper(kube, PEERING, serving([]),  # type: ignore[arg-type]
+                           clock=lambda: clock[0])
+    warned: list[tuple[float, str]] = []
+    handler = logging.Handler()
+    handler.emit = lambda r: warned.append((clock[0], r.getMessage()))  # type: ignore
+    handler.setLevel(logging.INFO)
+    peering_keeper.log.addHandler(handler)
+    try:
+        with caplog.at_level(logging.INFO):
+            peering_keeper._namespaces(keeper, stop, OpenWatches(), 45)
+    finally:
+        peering_keeper.log.removeHandler(handler)
+    assert stop.waits == [*[MAX_RETRY_S] * tries, 1.0, MAX_RETRY_S]
+    assert kube.lists == tries + 2
+    assert [at for at, _ in warned] == [0.0, REWARN_S, 2 * REWARN_S, 2 * REWARN_S + 1]
+    start, again, through, restart = (m for _, m in warned)
+    assert "may not list or watch namespaces" in start
+    assert "resources: [namespaces], verbs: [list, watch]" in start
+    assert "still may not list or watch namespaces" in again
+    assert f"{int(REWARN_S / MAX_RETRY_S) + 1} tries refused in 60 min" in again
+    assert "may list and watch namespaces again" in through
+    assert "may not list or watch namespaces" in restart and "still" not in restart
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 3, caplog.text
+
+
+def test_peerings_listed_but_not_watched_warn_once_and_keep_rechecking(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """RBAC granting list but not watch on kopfpeerings: each LIST let through counted
+    as the refusal's end, so the "warned once" warning came each resync, and each LIST
+    switched the GET rechecks off until the watch was refused again (a listing of
+    namespaces in between skipped them). Rechecks stay on until a watch is let
+    through."""
+    from slopilot.operator import peering_keeper
+    from slopilot.operator.peering_needs import PeeringKeeper
+    from slopilot.operator.watch_stream import OpenWatches
+
+    stop = Stop(limit=5)
+    kube = Listing(stop)
+    keeper = PeeringKeeper(kube, PEERING, serving([]))  # type: ignore[arg-type]
+    rechecks: list[bool] = []
+
+    def refused_watch(*_args: Any, **_kwargs: Any) -> Iterator[dict[str, Any]]:
+        rechecks.append(keeper.recheck)  # as a listing of namespaces now would see it
+        raise FORBIDDEN
+        yield  # a generator, as watch_events
+
+    monkeypatch.setattr(peering_keeper, "watch_events", refused_watch)
+    with caplog.at_level(logging.WARNING):
+        peering_keeper._peerings(keeper, stop, OpenWatches(), 45)
+    assert stop.waits == [45] * 5 and kube.lists == 5
+    assert rechecks == [False, True, True, True, True]
+    assert caplog.text.count("may not list or watch KopfPeerings") == 1, caplog.text
