@@ -32,8 +32,11 @@ to the GETs above, warned of once, and said when it ends.
 
 Nothing here stops the operator. The operator's stop closes the open watches at once
 (watch_stream.py) and ends each wait; a LIST in flight is not cut (up to the API call's
-timeout), so ``keep_peerings`` returns once its threads have ended or ``JOIN_S`` after the
-stop, whichever comes first, and a thread left behind makes nothing of what it reads.
+timeout: urllib3 cannot be cut from another thread before the API server answers, and a
+timeout short enough for ``JOIN_S`` would fail a slow but sound LIST of a large or busy
+cluster at every try), so ``keep_peerings`` returns once its threads have ended or
+``JOIN_S`` after the stop, whichever comes first, and a thread left behind makes nothing
+of what it reads.
 """
 
 from __future__ import annotations

@@ -618,7 +618,7 @@ def test_a_list_of_peerings_refused_turns_to_rechecks_warned_of_once_until_liste
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """An install from before the grant: each listing of namespaces GETs each served
     one's object instead, the LIST of peerings tried again each resync; warned of once
-    (until a LIST is let through and refused again), not each minute."""
+    (until a watch is let through and refused again), not each minute."""
     from slopilot.operator import peering_keeper
     from slopilot.operator.peering_needs import PeeringKeeper
     from slopilot.operator.watch_stream import OpenWatches
