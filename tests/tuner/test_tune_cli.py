@@ -64,7 +64,7 @@ def test_tune_prints_the_verdict_and_writes_the_report(tmp_path: Path,
     assert "tune: " in captured.err and "s simulated" in captured.err
     text = (report / "report.md").read_text()
     for section in ("## What each trial was judged on", "## Recommendation",
-                    "## The best trial, per window and class", "Reproduce this study:",
+                    ", per window and class", "Reproduce this study:",
                     "Check the answer on the whole workload:"):
         assert section in text
     assert "| p0 | 300 | 60 |" in text  # tiny-cpu's SLO

@@ -2,7 +2,8 @@
 
 - ``history.png``: the objective per trial, the best that holds the SLO so far;
 - ``terms.png``: what decides feasibility, per trial: each class's TTFT and TBT P99 (its
-  worst window) against its SLO line and the line the headroom asks for;
+  worst window; the window's name where each config had one) against its SLO line and
+  the line the headroom asks for;
 - ``pareto.png``: goodput against the worst SLO term (a share of its limit): the two
   axes every trial moves on, where a trace replay fixes the throughput;
 - ``importance.png``: the knobs' share of the variation (``importance.py``), in their
@@ -35,7 +36,7 @@ from slopilot.engine.sim.profile_file import write_bytes_atomically
 from slopilot.engine.slo import SLOSpec
 from slopilot.tuner.study.objective import NO_SAMPLES, TrialResult
 from slopilot.tuner.study.plot_subject import PlotSubject, name_figure
-from slopilot.tuner.study.verdict import term_label
+from slopilot.tuner.study.verdict import judged_in, replicas_text, term_label
 
 Results = Sequence[tuple[int, TrialResult]]
 
@@ -57,7 +58,7 @@ class Recommended:
         """``trial 2's knobs on 12 replicas``."""
         knobs = "the start config's" if self.trial == START else (
             "its" if self.trial is None else f"trial {self.trial}'s")
-        return f"{knobs} knobs on {self.replicas} replica{'s' if self.replicas != 1 else ''}"
+        return f"{knobs} knobs on {replicas_text(self.replicas)}"
 
     def label(self) -> str:
         return f"recommended: {self.what()}"
@@ -96,7 +97,8 @@ def save(fig: Any, target: Path, *, dpi: int) -> None:
 
 def objective_label(results: Results) -> str:
     if any(r.objective is not None for _, r in results):
-        return "goodput share, worst window"
+        # A trace judged whole has one window: "worst window" read as if it had more.
+        return f"goodput share, {judged_in([r for _, r in results])}"
     return "goodput (tok/s)"
 
 
@@ -270,7 +272,7 @@ def terms_figure(results: Results, slo: SLOSpec, start: TrialResult | None = Non
         if max(values) / max(min(values), 1e-3) > 20:
             ax.set_yscale("log")
         silent = [n for n, r in trials if r.constraints[i] == NO_SAMPLES]
-        title = term_label(name)[0] + " (worst window)"
+        title = f"{term_label(name)[0]} ({judged_in([r for _, r in trials])})"
         if silent:
             title += f"\nno samples, not drawn: {_trials(silent)}"
         if start is not None and start.constraints[i] == NO_SAMPLES:

@@ -24,6 +24,22 @@ from slopilot.engine.window_summary import WindowSummary
 from slopilot.tuner.study.objective import NO_SAMPLES, TrialResult, WindowResult, holds
 
 
+def replicas_text(n: int) -> str:
+    """``1 replica``, ``2 replicas``: the report read "The recommendation on 1 replicas"
+    and "1 replica(s) with"."""
+    return f"{n} replica{'s' if n != 1 else ''}"
+
+
+def judged_in(results: Sequence[TrialResult]) -> str:
+    """Where each of ``results`` was judged, as a plot's label says it: "worst window"
+    where any had several windows; else the one window's name (a trace judged whole:
+    its plots read "worst window" of the one window there was)."""
+    names = {w.name for r in results for w in r.windows}
+    if any(len(r.windows) > 1 for r in results) or len(names) > 1:
+        return "worst window"
+    return names.pop() if names else "its window"
+
+
 def goodput_share(summary: WindowSummary | None) -> float | None:
     """Goodput over the output tokens asked for; None where the source cannot tell."""
     a = None if summary is None else summary.overall.accounting
@@ -175,6 +191,6 @@ def infeasible_sentence(result: TrialResult, slo: SLOSpec, replicas: int) -> str
     """One sentence: no config holds, and what the least violating one misses."""
     missed = violations(result, slo)
     terms = "; ".join(v.text() for v in missed) or "no term (?)"
-    return (f"No configuration tried holds the SLO on {replicas} replica"
-            f"{'s' if replicas != 1 else ''} with {result.margin:.0%} headroom: the closest "
+    return (f"No configuration tried holds the SLO on {replicas_text(replicas)} "
+            f"with {result.margin:.0%} headroom: the closest "
             f"misses {terms}.")

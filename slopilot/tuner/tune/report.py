@@ -9,7 +9,7 @@ from pathlib import Path
 from slopilot.tuner.study.objective import TrialResult
 from slopilot.tuner.study.plot_subject import PlotSubject
 from slopilot.tuner.study.report import ReportContext, write_report
-from slopilot.tuner.study.verdict import term_label, worst_share
+from slopilot.tuner.study.verdict import replicas_text, term_label, worst_share
 from slopilot.tuner.tune.capacity import CapacityOutcome
 from slopilot.tuner.tune.outcome import Candidate, TuneOutcome
 from slopilot.tuner.tune.settings import check_command
@@ -29,7 +29,8 @@ def context(outcome: TuneOutcome) -> ReportContext:
         capacity=capacity, command=outcome.command, check_command=outcome.check_command,
         timing=outcome.timing.line(),
         recommended_result=_recommended_result(outcome),
-        recommended_note=_kept(outcome),
+        recommended_note=_kept(outcome), recommended_label=_recommended_label(outcome),
+        best=(outcome.best.label, outcome.best.result), best_trial=outcome.best.trial,
         extra=tuple(line for note in _notes(outcome) for line in ("", note)))
 
 
@@ -60,7 +61,7 @@ def _verdicts_closest(outcome: TuneOutcome, cap: CapacityOutcome) -> list[str]:
     term = "its worst term" if name is None else term_label(name)[0]
     row = (f"; the table's row for {n} is {cap.label}'s"
            if _candidate_result(outcome, cap.label) is not None or n in cap.tried else "")
-    return ["", f"On {n} replica{'s' if n != 1 else ''}, the count tuned at, the verdict's "
+    return ["", f"On {replicas_text(n)}, the count tuned at, the verdict's "
                 f"closest config is {best.label} ({term} at {share} of its limit){row}."]
 
 
@@ -102,6 +103,14 @@ def _recommended_result(outcome: TuneOutcome) -> TrialResult | None:
         return cap.tried[cap.replicas] if outcome.recommended_replicas == cap.replicas \
             else None
     return outcome.start if outcome.best.is_start and outcome.feasible else None
+
+
+def _recommended_label(outcome: TuneOutcome) -> str | None:
+    """Whose knobs ``_recommended_result``'s figures are."""
+    cap = outcome.capacity
+    if cap is not None and cap.replicas is not None:
+        return cap.label
+    return outcome.best.label
 
 
 def _kept(outcome: TuneOutcome) -> str | None:
