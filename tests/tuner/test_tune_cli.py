@@ -60,7 +60,7 @@ def test_tune_prints_the_verdict_and_writes_the_report(tmp_path: Path,
     assert "check it on the whole workload: slopilot simulate --scenario tiny-cpu" in out
     assert "sim-s/s" in out
     # Progress from the first simulation (the start config) on, on stderr.
-    assert "tuning tiny-cpu on 1 replica(s), 6 trials" in captured.err
+    assert "tuning tiny-cpu on 1 replica, 6 trials" in captured.err
     assert "tune: " in captured.err and "s simulated" in captured.err
     text = (report / "report.md").read_text()
     for section in ("## What each trial was judged on", "## Recommendation",

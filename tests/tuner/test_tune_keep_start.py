@@ -79,9 +79,9 @@ def test_the_text_and_report_say_to_keep_the_start_config(
     assert main(["tune", "--scenario", str(scenario), "--trials", "2", "--seeds", "1",
                  *INERT, "--quiet", "--report-dir", str(report)]) == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert "recommended: keep the start config on 1 replica(s): no knob changes" in out, out
+    assert "recommended: keep the start config on 1 replica: no knob changes" in out, out
     assert "Start config on its worst window" in out, out
-    assert "recommended: 1 replica(s) with" not in out
+    assert "recommended: 1 replica with" not in out
     text = (report / "report.md").read_text()
     assert "Keep the start config: no knob changes." in text, text
 

@@ -43,6 +43,7 @@ from slopilot.tuner.study.verdict import (
     deciding_goodput,
     deciding_window,
     goodput_share,
+    replicas_text,
     share_text,
     term_label,
     worst_share,
@@ -186,12 +187,13 @@ def print_text(outcome: TuneOutcome, report: Path | None) -> None:
 
 def _recommended(outcome: TuneOutcome, replicas: int, config: Mapping[str, Any]) -> str:
     if outcome.changes:
-        return (f"recommended: {replicas} replica(s) with "
+        return (f"recommended: {replicas_text(replicas)} with "
                 + " ".join(f"{k}={_knob(v)}" for k, v in config.items()
                            if k in outcome.tuner.space.bounds))
     if replicas == outcome.settings.replicas:
-        return f"recommended: keep the start config on {replicas} replica(s): no knob changes"
-    return f"recommended: {replicas} replica(s) with the start config: no knob changes"
+        return (f"recommended: keep the start config on {replicas_text(replicas)}: no knob "
+                "changes")
+    return f"recommended: {replicas_text(replicas)} with the start config: no knob changes"
 
 
 def _comparison(console: Any, outcome: TuneOutcome, n: int, best: TrialResult) -> None:
@@ -243,5 +245,5 @@ def _deciding_window(console: Any, outcome: TuneOutcome) -> WindowSummary | None
     if summary is not None:
         print_summary(summary, outcome.settings.scenario.slo, console=console,
                       title=f"{name} on {where}, "
-                            f"{outcome.settings.replicas} replica(s)")
+                            f"{replicas_text(outcome.settings.replicas)}")
     return summary

@@ -22,7 +22,12 @@ from slopilot.tuner.study.objective import TrialResult
 from slopilot.tuner.study.sample_floor import shortfall
 from slopilot.tuner.study.storage import open_study
 from slopilot.tuner.study.tuner import Tuner
-from slopilot.tuner.study.verdict import Violation, infeasible_sentence, violations
+from slopilot.tuner.study.verdict import (
+    Violation,
+    infeasible_sentence,
+    replicas_text,
+    violations,
+)
 from slopilot.tuner.tune.capacity import CapacityOutcome, capacity_answer
 from slopilot.tuner.tune.outcome import Candidate, Timing, TuneOutcome, candidates
 from slopilot.tuner.tune.output import print_json, print_text
@@ -127,7 +132,7 @@ def run(s: TuneSettings) -> TuneOutcome:
                             generated=generated, enabled=not s.quiet)
     evaluator = RobustEvaluator(s.scenario, plan, replicas=s.replicas,
                                 progress=progress.simulated)
-    progress.note(f"tuning {s.scenario.name} on {s.replicas} replica(s), {s.trials} trials, "
+    progress.note(f"tuning {s.scenario.name} on {replicas_text(s.replicas)}, {s.trials} trials, "
                   f"each {plan.describe()}")
     stopped: BaseException | None = None
     start_done = False
@@ -272,7 +277,7 @@ def _outcome(s: TuneSettings, plan: WindowPlan, tuner: Tuner, start: TrialResult
     replicas: int | None = s.replicas
     config: Mapping[str, Any] | None = None
     best_trial = tuner.best_trial()
-    on = f"on {s.replicas} replica{'s' if s.replicas != 1 else ''}"
+    on = f"on {replicas_text(s.replicas)}"
     result = best.result
     if result.feasible and best.is_start:
         config = result.config

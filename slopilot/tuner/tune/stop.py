@@ -22,6 +22,7 @@ from optuna.trial import TrialState
 
 from slopilot.tuner.study.held_stops import raise_or_hold
 from slopilot.tuner.study.tuner import Tuner
+from slopilot.tuner.study.verdict import replicas_text
 from slopilot.tuner.tune.settings import TuneSettings, check_command, tune_command
 
 EXIT_INTERRUPTED = 130
@@ -73,7 +74,7 @@ def stopped_note(stop: BaseException, s: TuneSettings, tuner: Tuner, *, first: i
     lines = [f"slopilot tune: {how} {_where(stop, tuner, first, start_done, best)}"]
     if best is not None:
         n, r = best
-        on = f"on {s.replicas} replica{'s' if s.replicas != 1 else ''}"
+        on = f"on {replicas_text(s.replicas)}"
         holds = ("holds the SLO in every window with " f"{r.margin:.0%} headroom {on}"
                  if r.feasible else f"misses the SLO {on}")
         lines += [f"best so far: trial {n} (mean goodput {r.goodput_tok_s:,.1f} tok/s; {holds}), "
