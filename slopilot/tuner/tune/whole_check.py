@@ -71,7 +71,13 @@ from slopilot.tuner.loop.steady_count import SteadyCount, steady_count
 from slopilot.tuner.sim.robust import RobustEvaluator, WindowPlan
 from slopilot.tuner.study.objective import NO_SAMPLES, TrialResult, WindowResult, score
 from slopilot.tuner.study.sample_floor import judged_counts, shortfall, starved
-from slopilot.tuner.study.verdict import robust_verdict, term_label, term_limit, violations
+from slopilot.tuner.study.verdict import (
+    replicas_text,
+    robust_verdict,
+    term_label,
+    term_limit,
+    violations,
+)
 
 HOPS = 3
 """Sliding windows start every ``length / HOPS``: a burst shorter than two thirds of a
@@ -213,17 +219,17 @@ class WholeCheck:
         ``windows_replicas`` replicas."""
         first = self.first
         if first.holds:
-            return (f"Replayed over the whole trace on {_count(first.replicas)} it holds "
+            return (f"Replayed over the whole trace on {replicas_text(first.replicas)} it holds "
                     f"too: {self.figures(first)}.")
-        missed = (f"Replayed over the whole trace on {_count(windows_replicas)} it misses: "
+        missed = (f"Replayed over the whole trace on {replicas_text(windows_replicas)} it misses: "
                   f"{self.figures(first)}")
         held = self.held
         if held is not None:
-            return (f"{missed}; the whole trace holds on {_count(held.replicas)}: "
+            return (f"{missed}; the whole trace holds on {replicas_text(held.replicas)}: "
                     f"{self.figures(held)}.{self._flips()}")
         last = self.highest
         more = "" if last is first else (
-            f", and on {_count(last.replicas)}, --max-replicas, still misses: "
+            f", and on {replicas_text(last.replicas)}, --max-replicas, still misses: "
             f"{self.figures(last)}")
         return (f"{missed}{more}.{self._flips()} The windows held and the whole trace did "
                 f"not: nothing is recommended; raise --max-replicas (it is "
@@ -234,7 +240,7 @@ class WholeCheck:
         space); "" where holding was monotone over the counts replayed."""
         if not self.lucky:
             return ""
-        pairs = "; ".join(f"{_count(n)} held but {n + 1} missed" for n in self.lucky)
+        pairs = "; ".join(f"{replicas_text(n)} held but {n + 1} missed" for n in self.lucky)
         stopped = (f"; after {len(self.lucky)} such counts only {self.max_replicas}, "
                    "--max-replicas, was judged" if self.gave_up else "")
         end = ("and no count replayed holds with the count above it holding too"
@@ -274,10 +280,6 @@ def _worst(r: TrialResult) -> str | None:
 
 def _ms(v: float) -> str:
     return f"{v / 1000:.1f} s" if v >= 1000 else f"{v:.0f} ms"
-
-
-def _count(n: int) -> str:
-    return f"{n} replica{'s' if n != 1 else ''}"
 
 
 def fewest_holding(first: int, last: int, holds: Callable[[int], bool]) -> int | None:
@@ -327,14 +329,14 @@ def whole_check(evaluator: RobustEvaluator, plan: WindowPlan, config: Mapping[st
     def holds(n: int) -> bool:
         if n in runs:  # the steadiness check reads the search's replays again
             return runs[n].holds
-        note(f"whole trace: replaying the answer on {_count(n)} ...")
+        note(f"whole trace: replaying the answer on {replicas_text(n)} ...")
         t0 = time.perf_counter()
 
         def replay(status: str) -> RobustEvaluator:
             # An evaluator a replay: its feed counts from 0 within the replay shown.
             on_n = judge.at_replicas(n)
             if progress is not None:
-                on_n.progress = progress.replay(f"whole trace on {_count(n)}: {status}",
+                on_n.progress = progress.replay(f"whole trace on {replicas_text(n)}: {status}",
                                                 plan.simulated_s)
             return on_n
 
@@ -343,7 +345,7 @@ def whole_check(evaluator: RobustEvaluator, plan: WindowPlan, config: Mapping[st
         else:
             run = _judged(replay, config, window_s)
         runs[n] = dataclasses.replace(run, wall_s=time.perf_counter() - t0)
-        note(f"whole trace on {_count(n)}: {'holds' if run.holds else 'misses'}")
+        note(f"whole trace on {replicas_text(n)}: {'holds' if run.holds else 'misses'}")
         return run.holds
 
     top = max(replicas, max_replicas)
