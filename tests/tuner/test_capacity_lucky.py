@@ -8,9 +8,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from slopilot.engine.sim.scenario import Scenario, load_scenario
-from slopilot.tuner.loop.capacity import CapacityPlanner
+from slopilot.tuner.loop.capacity import CapacityAnswer, CapacityPlanner
+from slopilot.tuner.prometheus.alerts import AlertAction
 from slopilot.tuner.study.objective import TrialResult
-from tests.tuner.controller_fakes import TERMS, FakeAlerts, FakeDeployment, FakeProbe, Rig
+from tests.tuner.controller_fakes import TERMS, FakeAlerts, FakeDeployment, FakeProbe, Rig, alert
 
 SCENARIO = load_scenario("tiny-cpu")
 
@@ -67,3 +68,64 @@ def test_a_quiet_fleet_is_not_scaled_down_to_a_count_that_held_by_luck() -> None
     decisions = [ctl.tick(float(t)) for t in range(0, 120, 15)]
     assert rig.dep.scaled == [], [d.line() for d in decisions]
     assert 7 in calls, calls  # the search did look, and checked 6's next count
+
+
+# Counts 1-5 miss; 6-14 flip (even ones hold at 75 % of the limit, odd ones miss at
+# 110 %); 15 and up hold at 70 %. The gallop and bisection land on 6; 6, 8 and 10 hold
+# with their next count missing, and the climb gives up after the third.
+FLIPPY = {n: (1.3 if n < 6 else (0.75 if n % 2 == 0 else 1.1) if n < 15 else 0.7)
+          for n in range(1, 65)}
+
+
+def test_a_search_that_gives_up_answers_the_smallest_count_holding_above_its_last_miss(
+) -> None:
+    # Not the maximum: 64 replicas bought where 12 hold above every count run that missed
+    # (11, the largest) is spend the noise near the line does not call for.
+    for margin in (0.1, 0.2):  # the scale-up's headroom and the scale-down's
+        calls: list[int] = []
+        answer = by_share(FLIPPY, calls).search(SCENARIO, {}, 1, 64, margin=margin)
+        assert answer.replicas == 12 and answer.lucky == (6, 8, 10) and answer.gave_up
+        # 12's next count is not run (the noise was judged too flippy to chase), nor the
+        # maximum, the most expensive run of all.
+        assert calls == [1, 2, 4, 8, 6, 5, 7, 9, 10, 11, 12], calls
+        assert all(FLIPPY[n] <= 1 for n in answer.results if n >= 12)
+
+
+def test_a_search_that_gives_up_answers_none_where_no_count_above_its_last_miss_holds(
+) -> None:
+    # A later candidate's search (tune's) below 10, the best count so far, checking next
+    # counts up to 16: 10 held and 11 missed, and no count up to 10 lies above 11.
+    calls: list[int] = []
+    answer = by_share(FLIPPY, calls).search(SCENARIO, {}, 1, 10, margin=0.1, check_to=16)
+    assert answer.replicas is None and answer.gave_up and answer.lucky == (6, 8, 10)
+    assert calls == [1, 2, 4, 8, 6, 5, 7, 9, 10, 11], calls
+
+
+def test_an_answer_given_up_on_is_no_evidence_for_fewer_replicas() -> None:
+    # Its next count was not checked: the noise near it says nothing of fewer.
+    assert not CapacityAnswer(replicas=12, gave_up=True).fewer_hold(64)
+    assert CapacityAnswer(replicas=12).fewer_hold(64)
+
+
+def test_an_alert_scales_up_to_the_count_given_up_on_not_the_maximum() -> None:
+    calls: list[int] = []
+    rig = Rig(dep=FakeDeployment(n=4), planner=by_share(FLIPPY, calls),  # type: ignore[arg-type]
+              alerts=FakeAlerts([alert(AlertAction.SCALE, "SlopilotTTFTP99High")]),
+              offline=None, probe=FakeProbe(), settings={"max_replicas": 64})
+    decision = rig.build().tick(0.0)
+    assert rig.dep.scaled == [12], decision.line()
+    assert "scale_up 4->12" in decision.reason, decision.line()
+    assert 64 not in calls, calls
+
+
+def test_a_quiet_fleet_is_not_scaled_down_on_an_answer_given_up_on() -> None:
+    # The scale-down's search from 64 gives up at 12, whose next count misses: noise
+    # near the line, no evidence that 12 would serve. The fleet stays.
+    calls: list[int] = []
+    rig = Rig(dep=FakeDeployment(n=64), planner=by_share(FLIPPY, calls),  # type: ignore[arg-type]
+              alerts=FakeAlerts([]), offline=None, probe=FakeProbe(),
+              settings={"max_replicas": 64})
+    ctl = rig.build()
+    decisions = [ctl.tick(float(t)) for t in range(0, 120, 15)]
+    assert 12 in calls, calls  # the search did run and gave up at 12
+    assert rig.dep.scaled == [], [d.line() for d in decisions]

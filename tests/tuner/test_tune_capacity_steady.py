@@ -80,7 +80,8 @@ def test_a_lucky_count_with_no_holding_count_above_it_is_said_plainly() -> None:
     assert "no count up to 12 holds with the count above it holding too" in sentence
 
 
-def test_the_climb_stops_after_rechecks_and_the_maximum_decides() -> None:
+def test_the_climb_stops_after_rechecks_at_the_smallest_count_holding_above_the_last_miss(
+) -> None:
     holding = {5, 7, 9, 11, 16}
     calls: list[int] = []
 
@@ -94,7 +95,23 @@ def test_the_climb_stops_after_rechecks_and_the_maximum_decides() -> None:
         return ok(n)
     out = steady_count(5, cached, lambda: tried, 16, 16)
     assert out.lucky == (5, 7, 9)[:RECHECKS + 1] and out.gave_up
-    assert out.replicas == 16
-    # The next counts of 5, 7 and 9, the climbs to 7 and 9, and the maximum: not every
-    # count up to 16.
-    assert calls == [6, 7, 8, 9, 10, 16]
+    # 11, the smallest count holding above 10 (the largest that missed), its next count
+    # unchecked: not 16, the maximum, the costliest run, which is never run.
+    assert out.replicas == 11
+    assert calls == [6, 7, 8, 9, 10, 11]
+
+
+def test_tune_names_the_count_given_up_on_and_that_its_next_was_not_checked() -> None:
+    # 2-5 miss; 6-14 flip (even ones hold at 85 %, odd ones miss the headroom at 95 %);
+    # 15 and up hold at 80 %. 6, 8 and 10 held with their next count missing.
+    flips = {n: 1.2 if n < 6 else 0.85 if n % 2 == 0 else 0.95 for n in range(2, 15)}
+    ev = NoisyEvaluator(flips, rest=0.80)
+    out = answer(ev, 2, 32)
+    assert out.replicas == 12 and out.lucky == (6, 8, 10) and out.gave_up
+    assert 32 not in ev.calls and 13 not in ev.calls, ev.calls
+    sentence = out.sentence()
+    assert sentence.startswith("12 replicas hold the SLO in every window"), sentence
+    assert "so the answer is 12, the smallest count that holds above 11, the largest " \
+        "count tried that missed; 13 was not checked" in sentence, sentence
+    assert "only 32" not in sentence, sentence
+    assert out.to_dict()["gave_up"] is True

@@ -87,3 +87,18 @@ def test_a_lucky_count_with_none_holding_above_it_recommends_nothing(
     clause = whole.clause(1)
     assert "nothing is recommended" in clause and "4 replicas held but 5 missed" in clause, \
         clause
+
+
+def test_a_replay_search_that_gives_up_names_its_count_and_the_unchecked_next(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # 6, 8 and 10 hold with their next count missing; 12 holds above 11, the largest
+    # count replayed that missed. The maximum, 32, the costliest replay, is never run.
+    calls: list[int] = []
+    whole = check(monkeypatch, {6, 8, 10, 12, 14, *range(15, 33)}, 1, 32, calls)
+    assert whole.replicas == 12 and whole.lucky == (6, 8, 10) and whole.gave_up
+    assert 32 not in calls and 13 not in calls, calls
+    clause = whole.clause(1)
+    assert "the whole trace holds on 12 replicas" in clause, clause
+    assert "so the answer is 12, the smallest count that holds above 11, the largest " \
+        "count replayed that missed; 13 was not checked" in clause, clause
+    assert "--max-replicas, was judged" not in clause, clause

@@ -109,16 +109,20 @@ class CapacityAnswer:
     """Counts that held while their next count missed, in the order found
     (``steady_count``): none is the answer."""
     gave_up: bool = False
-    """Holding flipped at ``steady_count.RECHECKS`` + 1 counts: only the maximum was
-    judged."""
+    """Holding flipped at ``steady_count.RECHECKS`` + 1 counts: ``replicas`` is the
+    smallest count that holds above the largest count run that missed, its next count
+    not checked. Enough to scale up to, no evidence for scaling down (``fewer_hold``)."""
     checked: bool = False
     """The answer's next count was run only to check that the answer did not hold by
     luck (the gallop and bisection had not run it)."""
 
     def fewer_hold(self, current: int) -> bool:
-        """Whether fewer than ``current`` replicas hold, on runs long enough to say so."""
+        """Whether fewer than ``current`` replicas hold, on runs long enough to say so,
+        and not on an answer given up on: holding that flips near the answer is noise at
+        the line, and a fleet cut to a count whose next count missed breaches and buys
+        the replicas back."""
         return self.replicas is not None and self.replicas < current \
-            and not any(n < current for n in self.short)
+            and not self.gave_up and not any(n < current for n in self.short)
 
     def why_short(self, current: int) -> str | None:
         """Why fewer than ``current`` cannot be said to hold; None when they can, or

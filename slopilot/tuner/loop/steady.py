@@ -266,6 +266,10 @@ def _scale_down(ctx: LoopContext, now: float) -> Go | str | None:
         if why is not None:
             log.info("%s: no scale-down: %s", s.key, why)
             return f"steady; no scale_down: {why}"
+        if answer.replicas is not None and answer.replicas < current and answer.gave_up:
+            log.info("%s: no scale-down: holding flips near %d replicas (held while the "
+                     "next count missed at %s): noise at the line, no evidence for fewer",
+                     s.key, answer.replicas, ", ".join(map(str, answer.lucky)))
         return None
     ctx.deployment.scale(answer.replicas)
     return Go(ControllerState.COOLDOWN, Event.HEADROOM,

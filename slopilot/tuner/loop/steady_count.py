@@ -19,36 +19,49 @@ turn.
 Every count run above the answer then holds, and the count below it misses (or is below
 ``lo``). Counts below the answer that were never run may hold: taking holding as monotone
 there is what keeps the search to about 2 log2(N) runs, and a count that holds with its
-next missing is no answer anyway. After ``RECHECKS`` lucky counts the climbing stops:
-holding flips often enough at that load that only the largest count, with no larger one
-to miss, is judged (``gave_up``), rather than running every count up to it. The live
-loop's scale-down searches up to the current count, so there it keeps the fleet.
+next missing is no answer anyway. After ``RECHECKS`` + 1 lucky counts the climbing
+stops (``gave_up``): holding flips often enough at that load that chasing next counts
+would run every count up to the maximum. The answer is then the smallest count that
+holds above the largest count run that missed (the climb and bisection above it, as
+for a lucky count), its own next count not checked; None only where no count up to
+``top`` holds above it. Not the maximum: it cannot be contradicted, but a reviewer's
+table (1-5 missing, 6-14 flipping, 15 and up holding) bought 64 replicas where 12 and
+up held on every run, and the scale-down's search, giving up the same way on the same
+seeds, kept them for good. An answer given up on is enough to scale up to, and no
+evidence for fewer replicas than a fleet has: the live loop's scale-down does not take
+it (``CapacityAnswer.fewer_hold``).
 
 Cost: one run more than the bisection where holding is monotone (per search that finds
 a count; none where the answer is the maximum or its next count was run already); where
 it is not, each lucky count adds its next count's run and the climb and bisection above
-it, at most 1 + 2 log2(max) runs, and ``RECHECKS`` + 1 of them at most before the
-maximum decides."""
+it, at most 1 + 2 log2(max) runs, ``RECHECKS`` + 1 of them at most, and one more climb
+and bisection on giving up; the maximum, the costliest run, only where that climb
+reaches it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
 RECHECKS = 2
-"""Lucky counts (held, their next count missed) the climb takes before it stops and
-the maximum decides: each costs a run of its next count and the climb above it."""
+"""Lucky counts (held, their next count missed) the climb takes before it stops at the
+smallest count holding above the last miss: each costs a run of its next count and the
+climb above it."""
 
 
 @dataclass(frozen=True)
 class SteadyCount:
     replicas: int | None
     """The smallest count run that holds with its next count holding too (or that is
-    ``hi``); None where none is, up to ``top``."""
+    ``hi``, or, ``gave_up``, that holds above every count run that missed); None where
+    none is, up to ``top``."""
     lucky: tuple[int, ...] = ()
     """Counts that held while their next count missed, in the order found."""
     gave_up: bool = False
-    """The climb stopped after ``RECHECKS`` + 1 lucky counts and judged ``top`` alone."""
+    """The climb stopped after ``RECHECKS`` + 1 lucky counts: ``replicas`` is the smallest
+    count up to ``top`` that holds above the largest count run that missed, its next count
+    not checked. No evidence for fewer replicas than a fleet has (the live loop's
+    scale-down does not take it)."""
 
 
 def steady_count(first: int | None, ok: Callable[[int], bool], tried: Callable[[], Collection[int]],
@@ -66,9 +79,14 @@ def steady_count(first: int | None, ok: Callable[[int], bool], tried: Callable[[
             return SteadyCount(n, tuple(lucky))
         lucky.append(n)
         if len(lucky) > RECHECKS:
-            # Holding flips at this load: judge the maximum, which no count above can
-            # contradict, rather than climbing through every count to it.
-            return SteadyCount(top if top == hi and ok(top) else None, tuple(lucky),
+            # Holding flips at this load: stop chasing next counts. Every count run above
+            # the largest miss holds, so the smallest holding above it is the answer the
+            # runs support; the maximum (the costliest run) would buy replicas the noise
+            # near the line does not call for, and is run only where the climb reaches it.
+            # The count just missed (n + 1) is the largest run that missed: the gallop,
+            # the bisections and the climbs run none that misses above their answer.
+            missed = max((m for m in tried() if m > n + 1 and not ok(m)), default=n + 1)
+            return SteadyCount(_next_holding(missed, ok, tried, top), tuple(lucky),
                                gave_up=True)
         n = _next_holding(n + 1, ok, tried, top)
     return SteadyCount(None, tuple(lucky))
@@ -104,3 +122,15 @@ def smallest_holding(ok: Callable[[int], bool], left: int, right: int) -> int:
         else:
             left = mid + 1
     return right
+
+
+def given_up(answer: int, held: Mapping[int, bool], verb: str) -> str:
+    """The end of tune's sentence on flips where the climb gave up on ``answer``: the
+    count it stands above and its next, unchecked (``held``: each count run and whether
+    it held)."""
+    missed = max((n for n, ok in held.items() if not ok and n < answer), default=None)
+    above = "" if missed is None else \
+        f" above {missed}, the largest count {verb} that missed"
+    unchecked = (f"; {answer + 1} was not checked: holding flips too often at this load "
+                 "to chase it" if answer + 1 not in held else "")
+    return f"so the answer is {answer}, the smallest count that holds{above}{unchecked}"

@@ -65,6 +65,7 @@ from slopilot.engine.sim.scenario import Scenario
 from slopilot.engine.sim.workload_spec import TraceSpec
 from slopilot.tuner.loop.capacity import CapacityPlanner
 from slopilot.tuner.loop.replica_plateau import Flat, flat
+from slopilot.tuner.loop.steady_count import given_up
 from slopilot.tuner.sim.robust import RobustEvaluator
 from slopilot.tuner.study.objective import TrialResult, WindowResult
 from slopilot.tuner.study.verdict import term_label, worst_share
@@ -91,7 +92,9 @@ class CapacityOutcome:
     """Counts of this candidate that held while the count above them missed
     (``steady_count``): holding is not monotonic over the counts tried."""
     gave_up: bool = False
-    """After ``steady_count.RECHECKS`` + 1 lucky counts only ``hi`` was judged."""
+    """After ``steady_count.RECHECKS`` + 1 lucky counts the climb stopped: ``replicas``
+    is the smallest count that holds above the largest count tried that missed, its next
+    count not checked."""
     checked: bool = False
     """The answer's next count was run by ``steady_count`` alone, not the search: to
     check that the answer did not hold by luck."""
@@ -248,13 +251,16 @@ class CapacityOutcome:
             return None
         pairs = "; ".join(f"{n} replica{'s' if n != 1 else ''} held but {n + 1} missed"
                           for n in self.lucky)
-        if self.replicas is not None:
+        if self.replicas is not None and self.gave_up:
+            end = given_up(self.replicas, {n: r.feasible for n, r in self.tried.items()},
+                            "tried")
+        elif self.replicas is not None:
             end = (f"so the answer is {self.replicas}, the smallest count tried that holds "
                    "with every count tried above it holding too")
         else:
             end = f"and no count up to {self.hi} holds with the count above it holding too"
-        stopped = (f"; after {len(self.lucky)} such counts only {self.hi}, the maximum, was "
-                   "judged" if self.gave_up else "")
+        stopped = (f"; after {len(self.lucky)} such counts the climb stopped"
+                   if self.gave_up else "")
         return (f"Holding is not monotonic over the counts tried: {pairs} (a window's P99 "
                 f"rests on where its few largest requests land){stopped}, {end}.")
 

@@ -67,7 +67,7 @@ from slopilot.engine.sim.window_stats import Sliding, SlidingStats, WindowFigure
 from slopilot.engine.sim.window_sweep import ttft_p99s, worst_gap_starts, worst_starts
 from slopilot.engine.slo import SLOSpec
 from slopilot.tuner.loop.settings import DEFAULT_CLASS_REQUESTS
-from slopilot.tuner.loop.steady_count import SteadyCount, steady_count
+from slopilot.tuner.loop.steady_count import SteadyCount, given_up, steady_count
 from slopilot.tuner.sim.robust import RobustEvaluator, WindowPlan
 from slopilot.tuner.study.objective import NO_SAMPLES, TrialResult, WindowResult, score
 from slopilot.tuner.study.sample_floor import judged_counts, shortfall, starved
@@ -143,8 +143,9 @@ class WholeCheck:
     lucky: tuple[int, ...] = ()
     """Counts that held while their next count missed (``steady_count``)."""
     gave_up: bool = False
-    """Holding flipped at ``steady_count.RECHECKS`` + 1 counts: only the maximum was
-    judged."""
+    """Holding flipped at ``steady_count.RECHECKS`` + 1 counts: ``answer`` is the smallest
+    count that holds above the largest count replayed that missed, its next count not
+    checked."""
 
     @property
     def holds(self) -> bool:
@@ -241,12 +242,16 @@ class WholeCheck:
         if not self.lucky:
             return ""
         pairs = "; ".join(f"{replicas_text(n)} held but {n + 1} missed" for n in self.lucky)
-        stopped = (f"; after {len(self.lucky)} such counts only {self.max_replicas}, "
-                   "--max-replicas, was judged" if self.gave_up else "")
-        end = ("and no count replayed holds with the count above it holding too"
-               if self.answer is None else
-               f"so the answer is {self.answer}, the smallest count replayed that holds "
-               "with its next count holding too")
+        stopped = (f"; after {len(self.lucky)} such counts the climb stopped"
+                   if self.gave_up else "")
+        if self.answer is None:
+            end = "and no count replayed holds with the count above it holding too"
+        elif self.gave_up:
+            end = given_up(self.answer, {w.replicas: w.holds for w in self.runs},
+                           "replayed")
+        else:
+            end = (f"so the answer is {self.answer}, the smallest count replayed that "
+                   "holds with its next count holding too")
         return (f" Over the whole trace holding is not monotonic in the count: {pairs} (a "
                 f"window's P99 rests on where its few largest requests land){stopped}, "
                 f"{end}.")
