@@ -604,8 +604,10 @@ def test_a_list_of_namespaces_refused_is_warned_of_again_once_let_through_and_re
 
     stop = Stop(limit=4)
     kube = Scripted(stop, [FORBIDDEN, FORBIDDEN, None, FORBIDDEN])
-    watches_that(monkeypatch, [0.0], ["closed"])
-    keeper = PeeringKeeper(kube, PEERING, serving([]))  # type: ignore[arg-type]
+    clock = [0.0]  # the watch's backoff on the script's clock, not on real seconds
+    watches_that(monkeypatch, clock, ["closed"])
+    keeper = PeeringKeeper(kube, PEERING, serving([]),  # type: ignore[arg-type]
+                           clock=lambda: clock[0])
     with caplog.at_level(logging.INFO):
         peering_keeper._namespaces(keeper, stop, OpenWatches(), 45)
     assert stop.waits == [MAX_RETRY_S, MAX_RETRY_S, 1.0, MAX_RETRY_S]
@@ -625,8 +627,10 @@ def test_a_list_of_peerings_refused_turns_to_rechecks_warned_of_once_until_liste
 
     stop = Stop(limit=5)
     kube = Scripted(stop, [FORBIDDEN, FORBIDDEN, None, FORBIDDEN, FORBIDDEN])
-    watches_that(monkeypatch, [0.0], ["closed"])
-    keeper = PeeringKeeper(kube, PEERING, serving([]))  # type: ignore[arg-type]
+    clock = [0.0]  # the watch's backoff on the script's clock, not on real seconds
+    watches_that(monkeypatch, clock, ["closed"])
+    keeper = PeeringKeeper(kube, PEERING, serving([]),  # type: ignore[arg-type]
+                           clock=lambda: clock[0])
     rechecks: list[bool] = []
     stop_wait = stop.wait
 
