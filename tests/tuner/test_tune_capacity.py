@@ -21,6 +21,7 @@ class FakeEvaluator:
         self.needs, self.n = needs, n
         self.calls = [] if calls is None else calls
         self.scenario = load_scenario("tiny-cpu")
+        self.slo, self.plan = self.scenario.slo, None  # no seeds: no idle floor priced
         self.margin = HEADROOM
 
     def at_replicas(self, n: int) -> FakeEvaluator:
@@ -257,6 +258,7 @@ class TermEvaluator:
     def __init__(self, inner: ShareEvaluator, terms: Mapping[str, str]) -> None:
         self.inner, self.terms = inner, terms
         self.scenario, self.margin = inner.scenario, inner.margin
+        self.slo, self.plan = inner.slo, None
 
     def at_replicas(self, n: int) -> TermEvaluator:
         return TermEvaluator(self.inner.at_replicas(n), self.terms)

@@ -21,6 +21,7 @@ class NoisyEvaluator:
         self.shares, self.rest, self.n = shares, rest, n
         self.calls = [] if calls is None else calls
         self.scenario = load_scenario("tiny-cpu")
+        self.slo, self.plan = self.scenario.slo, None  # no seeds: no idle floor priced
         self.margin = HEADROOM
 
     def at_replicas(self, n: int) -> NoisyEvaluator:

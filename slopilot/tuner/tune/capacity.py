@@ -18,15 +18,17 @@ reads the same share of its limit on 2 replicas as on 16. The test reads one
 candidate's two largest counts, and the closest candidate's term may still fall over its
 last doubling where another's has stopped (tiny-cpu: the start config's P0 TTFT p99 144 %
 on 8 replicas, 126 % on 16, 32 and 64; trial 24's 132 % and 131 %): then both are said
-(``flat_elsewhere``), not "raise --max-replicas".
+(``flat_elsewhere``), not "raise --max-replicas". (tiny-cpu's figures are from before
+its seeds' idle floor was priced: P0's, 376 ms, now rules every count out unreplayed.)
 
 The flatness test reads two counts' P99s, and dispatch noise moves those: a reviewer's P0
 TTFT p99 read 200 % of its limit on 2 replicas, 175 % on 4, 171 % on 8 and 151 % on 16,
 not flat by that test, and the answer said "raise --max-replicas" for a term whose
 prompts each alone on an idle replica read 133 ms against its 100 ms limit. So where no
-count holds on a trace, each TTFT term is also held against its class's idle floor
-(``idle_floor.py``): at ``FLOOR_SHARE`` of its limit or more, on every candidate's knobs,
-no replica count holds, and the answer says so with the floor's figures.
+count holds, each TTFT term is also held against its class's idle floor
+(``idle_floor.py``: over a trace, or an open-loop workload's seeds): at ``FLOOR_SHARE``
+of its limit or more, on every candidate's knobs, no replica count holds, and the answer
+says so with the floor's figures.
 
 The floor is priced before any count is replayed (two one-request runs per class and
 candidate, well under a second): where it is past a class's limit itself on every
@@ -69,7 +71,7 @@ from slopilot.tuner.loop.steady_count import given_up
 from slopilot.tuner.sim.robust import RobustEvaluator
 from slopilot.tuner.study.objective import TrialResult, WindowResult
 from slopilot.tuner.study.verdict import term_label, worst_share
-from slopilot.tuner.tune.idle_floor import IdleFloor, idle_floors
+from slopilot.tuner.tune.idle_floor import FloorBook, IdleFloor
 from slopilot.tuner.tune.whole_check import ReplayProgress
 
 
@@ -99,8 +101,8 @@ class CapacityOutcome:
     """The answer's next count was run by ``steady_count`` alone, not the search: to
     check that the answer did not hold by luck."""
     floors: tuple[IdleFloor, ...] = ()
-    """When none holds on a trace: each TTFT-limited class's idle floor, the lowest over
-    the candidates' knobs (``idle_floor.py``)."""
+    """When none holds: each TTFT-limited class's idle floor, the lowest over the
+    candidates' knobs (``idle_floor.py``; none for a session workload)."""
     others: tuple[tuple[str, Mapping[int, TrialResult]], ...] = ()
     """The other candidates searched and their results per count, in search order: where
     none holds, one of them may show the closest's worst term flat (``flat_elsewhere``)."""
@@ -398,17 +400,18 @@ def _window_requests(r: TrialResult) -> int | None:
 def capacity_answer(evaluator: RobustEvaluator,
                     candidates: Sequence[tuple[str, Mapping[str, Any]]], lo: int, hi: int,
                     note: Callable[[str], None] = lambda _: None,
-                    progress: ReplayProgress | None = None) -> CapacityOutcome:
+                    progress: ReplayProgress | None = None,
+                    book: FloorBook | None = None) -> CapacityOutcome:
     """Search ``[lo, hi]`` from below (``CapacityPlanner.search``) for each candidate,
-    unless the idle floor rules every count out (``_floors``). ``progress`` shows each
-    replay."""
+    unless the idle floor rules every count out (``_floors``; ``book``: the floors priced
+    already, the start config's before the study). ``progress`` shows each replay."""
     if not candidates:
         raise ValueError("candidates is empty: the capacity search needs a config")
     unique: list[tuple[str, Mapping[str, Any]]] = []
     for label, config in candidates:
         if all(config != seen for _, seen in unique):
             unique.append((label, config))
-    floors = _floors(evaluator, [config for _, config in unique])
+    floors = _floors(evaluator, [config for _, config in unique], book)
     if any(f.past_limit for f in floors):
         label, config = unique[0]  # the study's closest: no replay ranks them here
         note("capacity: no replica count is replayed: "
@@ -466,16 +469,17 @@ def capacity_answer(evaluator: RobustEvaluator,
                                floors=floors if best.replicas is None else (), others=others)
 
 
-def _floors(evaluator: RobustEvaluator,
-            configs: Sequence[Mapping[str, Any]]) -> tuple[IdleFloor, ...]:
-    """Each TTFT-limited class's idle floor on a trace, the lowest over ``configs`` (so a
-    floor past its limit is past it on every candidate's knobs); none on a generated
-    workload, whose prompts are drawn per seed."""
-    if not isinstance(evaluator.scenario.workload, TraceSpec):
-        return ()
+def _floors(evaluator: RobustEvaluator, configs: Sequence[Mapping[str, Any]],
+            book: FloorBook | None = None) -> tuple[IdleFloor, ...]:
+    """Each TTFT-limited class's idle floor (on a trace, or an open-loop workload's seeds),
+    the lowest over ``configs`` (so a floor past its limit is past it on every
+    candidate's knobs)."""
+    if book is None:
+        plan = None if isinstance(evaluator.scenario.workload, TraceSpec) else evaluator.plan
+        book = FloorBook(evaluator.scenario, evaluator.slo, plan)
     lowest: dict[str, IdleFloor] = {}
     for config in configs:
-        for f in idle_floors(evaluator.scenario, config, evaluator.slo):
+        for f in book.of(config):
             if f.cls not in lowest or f.ttft_ms < lowest[f.cls].ttft_ms:
                 lowest[f.cls] = f
     return tuple(lowest.values())

@@ -29,6 +29,7 @@ from slopilot.tuner.study.verdict import (
     violations,
 )
 from slopilot.tuner.tune.capacity import CapacityOutcome, capacity_answer
+from slopilot.tuner.tune.idle_floor import FloorBook, up_front
 from slopilot.tuner.tune.outcome import Candidate, Timing, TuneOutcome, candidates
 from slopilot.tuner.tune.output import print_json, print_text
 from slopilot.tuner.tune.progress import TuneProgress
@@ -119,8 +120,12 @@ def run(s: TuneSettings) -> TuneOutcome:
     # Before any trial: a resumed study's trials must have been run under these settings.
     too_long = s.too_long.text() if s.too_long is not None and s.too_long.warns else None
     thin = thin_warning(s, plan)
+    # The start config's idle floor, said before the study where it binds: no trial can
+    # then hold on any count (the capacity answer reads the same book).
+    book = FloorBook(s.scenario, s.scenario.slo, plan)
     warnings = tuple(w for w in (too_long, cut_warning(s), warmup_warning(s, plan), thin,
-                                 *trace_doubts(s), check_or_record(study, s, plan))
+                                 *trace_doubts(s), check_or_record(study, s, plan),
+                                 up_front(book.of(start_config)))
                      if w is not None)
     for warning in warnings:
         # Before the study, and whatever --quiet says: it may be worth stopping for.
@@ -158,7 +163,8 @@ def run(s: TuneSettings) -> TuneOutcome:
             capacity = capacity_answer(
                 evaluator, [(c.label, c.result.config) for c in ranked
                             if c.is_start or c.trial in closest],
-                s.replicas + 1, s.max_replicas, note=progress.note, progress=progress)
+                s.replicas + 1, s.max_replicas, note=progress.note, progress=progress,
+                book=book)
         whole = _whole_check(s, evaluator, plan, best, capacity, start_config, progress)
     except (KeyboardInterrupt, Terminated) as exc:
         stopped = exc  # the open trial was told failed (Tuner.run)
