@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from slopilot.operator.daemon import study_name
@@ -214,11 +214,11 @@ def _is_running(state: LoopState, ended: EndedTrial) -> bool:
         t.study is None or ended.study is None or t.study == ended.study)
 
 
-def _fail_reason(t: RunningTrial, body: Mapping[str, Any], policy: OperatorPolicy,
-                 named: str) -> str | None:
-    """The reason trial ``t`` (of the loop state in ``body``'s status) was told failed
-    with in its study, in storage ``named``; None where it was not, it names no study or
-    another CR's, or the storage cannot be read."""
+def _readable(t: RunningTrial, body: Mapping[str, Any], policy: OperatorPolicy,
+              named: str) -> str | None:
+    """The URL of storage ``named`` where trial ``t`` (of the loop state in ``body``'s
+    status) may be looked for in it; None where it names no study or another CR's, or
+    the policy refuses the storage."""
     if t.study is None:
         return None
     meta = body["metadata"]
@@ -230,27 +230,61 @@ def _fail_reason(t: RunningTrial, body: Mapping[str, Any], policy: OperatorPolic
                     meta["namespace"], meta["name"], t.study)
         return None
     try:
-        url = resolve_storage(named, policy.storage_rules, meta["namespace"])
-        return told_failed(url, t.study, t.number)
-    except (StorageRefused, StudyStorageError):
+        return resolve_storage(named, policy.storage_rules, meta["namespace"])
+    except StorageRefused:
         return None
 
 
-def ended_on_record(body: Mapping[str, Any], policy: OperatorPolicy) -> bool:
-    """Whether the trial ``body``'s loop state (``status.controller``) still runs was
-    told failed in its study already (``end_told``'s test: a loop ended it, and its
-    status took no write since). False where none runs, the state or the spec cannot be
-    read, or the study does not say so."""
+def _fail_reason(t: RunningTrial, body: Mapping[str, Any], policy: OperatorPolicy,
+                 named: str) -> str | None:
+    """The reason trial ``t`` (of the loop state in ``body``'s status) was told failed
+    with in its study, in storage ``named``; None where it was not, it names no study or
+    another CR's, or the storage cannot be read."""
+    url = _readable(t, body, policy, named)
+    if url is None or t.study is None:
+        return None
+    try:
+        return told_failed(url, t.study, t.number)
+    except StudyStorageError:
+        return None
+
+
+@dataclass(frozen=True)
+class TrialOnRecord:
+    """The trial a CR's loop state on record still runs, where its study may be read."""
+
+    storage: str = field(repr=False)
+    """The study's storage, its URL (not in the repr: a PostgreSQL one's password)."""
+    study: str
+    number: int
+
+
+def trial_on_record(body: Mapping[str, Any], policy: OperatorPolicy) -> TrialOnRecord | None:
+    """The trial ``body``'s loop state (``status.controller``) still runs, in the storage
+    its spec names; None where none runs, the state or the spec cannot be read, or its
+    study may not be read (another CR's named, a storage the policy refuses)."""
     saved = (body.get("status") or {}).get("controller")
     try:
         state = LoopState.from_dict(saved) if isinstance(saved, Mapping) else None
         spec = parse_spec(body)
     except (ControllerError, SpecError):
-        return False
+        return None
     if state is None or state.trial is None:
-        return False
+        return None
     named = policy.named_storage(spec.tuning.storage, body["metadata"]["namespace"])
-    return _fail_reason(state.trial, body, policy, named) is not None
+    url = _readable(state.trial, body, policy, named)
+    if url is None or state.trial.study is None:
+        return None
+    return TrialOnRecord(url, state.trial.study, state.trial.number)
+
+
+def failed_in_study(trial: TrialOnRecord) -> bool:
+    """Whether ``trial`` was told failed in its study already (``end_told``'s test: a
+    loop ended it). False where the study does not say so, or cannot be read."""
+    try:
+        return told_failed(trial.storage, trial.study, trial.number) is not None
+    except StudyStorageError:
+        return False
 
 
 def end_told(state: LoopState, body: Mapping[str, Any], policy: OperatorPolicy,

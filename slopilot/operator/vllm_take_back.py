@@ -33,9 +33,14 @@ tenant can make without the key; one that does not verify (forged, or the key re
 its Secret deleted and the operator restarted) is no stamp, and the reconcile renders
 the status as recorded (what it did before any take-back, and after a status write),
 unless the trial the loop state on record runs was told failed in its study already,
-which no tenant writes (``trial_ends.ended_on_record``): a repair by an operator
+which no tenant writes (``trial_ends.failed_in_study``): a repair by an operator
 restarted under a new key then renders the committed config too, not the trial's
-arguments until its loop's first step takes them off again (a rollout each way). A
+arguments until its loop's first step takes them off again (a rollout each way). That
+question is a read of the study, and the stamp is the tenant's to write: it is asked
+only where the Deployment's arguments are not the record's already (a stamp forged
+mid-trial, or left by an earlier trial's take-back, changes nothing there), and its
+answer is kept (``failed_trials.py``: a yes for good, a no for a minute, a read past
+its deadline a no), so no tenant has each reconcile read a database. A
 stamp removed or edited while the status still takes no write is put back by the loop
 at its next step (``DeploymentLoop._keep_taken_back``), with the trial's arguments taken
 off again where a repair rendered them meanwhile.
@@ -66,12 +71,14 @@ from slopilot.operator.engine_deployment import (
     vllm_checksum,
     with_vllm_knobs,
 )
+from slopilot.operator.failed_trials import FAILED_TRIALS, FailedTrials
 from slopilot.operator.knobs import committed_body, trial_recorded
 from slopilot.operator.kubeapi import ApiError, Kube
 from slopilot.operator.ownership import controlled_by
 from slopilot.operator.pod_admin import ApplyError
 from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.scale_stamp import record_digest
+from slopilot.operator.spec import Backend, SpecError, parse_spec
 from slopilot.operator.tokens import TokenMint
 
 TAKEN_BACK_ANNOTATION = "slopilot.dev/taken-back"
@@ -176,16 +183,21 @@ def stamp_found(kube: Kube, namespace: str, name: str, uid: str) -> bool:
 
 
 def rendered_body(kube: Kube, body: Mapping[str, Any], mint: TokenMint,
-                  policy: OperatorPolicy) -> Mapping[str, Any]:
+                  policy: OperatorPolicy, answers: FailedTrials | None = None
+                  ) -> Mapping[str, Any]:
     """``body`` as the reconcile renders it: where its ``status.tunedConfig`` records a
     trial whose arguments the operator took off the Deployment under this very status
     (its stamp, verified with ``mint``'s key), with that record reduced to its committed
     config (module docstring). A stamp that is present but does not verify (a key
     rotated since, or a tenant's) counts only where the trial's study, which no tenant
-    writes, has it failed (``trial_ends.ended_on_record``, read in ``policy``'s
+    writes, has it failed (``trial_ends.failed_in_study``, read in ``policy``'s
     storage): else an operator restarted under a new key rolled the trial's arguments
     back onto the pods at its first repair, until its loop's first step took them off
-    again (two rollouts)."""
+    again (two rollouts). The study is asked only where the Deployment's arguments are
+    not the record's already (a stamp on pods that run the trial changes nothing: a
+    tenant's, or one left by an earlier trial), and through ``answers`` (the process's,
+    ``failed_trials.FAILED_TRIALS``, by default): a yes kept, a no kept for a minute, a
+    read that does not answer within its deadline counted as no."""
     if not trial_recorded(body):
         return body
     meta = body["metadata"]
@@ -197,8 +209,33 @@ def rendered_body(kube: Kube, body: Mapping[str, Any], mint: TokenMint,
     if found is None:
         return body
     if not stamped(mint, str(meta.get("uid")), body.get("status"), found):
+        if _runs_record(dep, body):
+            return body  # rendered as recorded, nothing rolls: no question to ask
         # Here, not at the top: trial_ends -> daemon -> kube_handle imports this module.
-        from slopilot.operator.trial_ends import ended_on_record
-        if not ended_on_record(body, policy):
+        from slopilot.operator.trial_ends import failed_in_study, trial_on_record
+        trial = trial_on_record(body, policy)
+        asked = answers if answers is not None else FAILED_TRIALS
+        if trial is None or not asked.failed(trial, lambda: failed_in_study(trial)):
             return body
     return committed_body(body)
+
+
+def _runs_record(dep: Mapping[str, Any], body: Mapping[str, Any]) -> bool:
+    """Whether the vLLM engine arguments of ``dep`` (the Deployment, as read) carry the
+    knobs ``body`` renders already: a trial's arguments on the pods, not taken off. The
+    record rendered then rolls nothing, and the stamp could only have the repair take
+    them off before the loop's next step does (as where it left no stamp)."""
+    try:
+        spec = parse_spec(body)
+    except SpecError:
+        return False
+    if spec.backend is not Backend.VLLM:
+        return False
+    containers = ((dep.get("spec") or {}).get("template") or {}).get("spec", {}).get(
+        "containers") or []
+    engine = next((c for c in containers if c.get("name") == "engine"), None)
+    args = list((engine or {}).get("args") or [])
+    try:
+        return with_vllm_knobs(args, spec.engine) == args
+    except ValueError:  # not the operator's render: the reconcile renders them whole
+        return False

@@ -424,3 +424,104 @@ def test_a_repair_before_a_restarted_loops_first_step_under_a_new_key_rolls_noth
     assert knob_args(cluster) == before
     repaired_with(cluster, policy, check)
     assert knob_args(cluster) == before
+
+
+def _counted_reads(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
+    """Every read of a trial's failure in its study (``trial_ends.told_failed``), as
+    (study, trial number), the reads still made."""
+    from slopilot.operator import trial_ends
+    reads: list[tuple[str, int]] = []
+    real = trial_ends.told_failed
+
+    def counted(storage: str, name: str, number: int) -> str | None:
+        reads.append((name, number))
+        return real(storage, name, number)
+
+    monkeypatch.setattr(trial_ends, "told_failed", counted)
+    return reads
+
+
+def test_a_forged_stamp_mid_trial_does_not_read_the_study_at_each_reconcile(
+        kube: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A stamp that does not verify, which a tenant writes on its own Deployment while a
+    trial runs: the reconciles (kopf's handler threads, every tenant's) render the trial
+    as recorded, and do not each read the study (a database read; Postgres slow or down
+    stalled every one of them)."""
+    body, policy = vllm_cr(kube, cluster, prom, tmp_path)
+    now = [1_000_000.0]
+    loop = _on_clock(cluster, body, monkeypatch, policy, now)
+    trial_started(loop, cluster)
+    trial_args = knob_args(cluster)
+    _stamp(cluster, "x" * 64)
+    reads = _counted_reads(monkeypatch)
+    for _ in range(5):
+        repaired(cluster, policy)
+        assert knob_args(cluster) == trial_args  # the trial measures its own config
+    assert len(reads) <= 1, reads
+
+
+def test_a_forged_stamp_with_arguments_a_tenant_edits_reads_the_study_once_a_minute(
+        kube: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The tenant edits the engine's arguments too (a repair would roll them): the study
+    is asked, and its no kept for ``NOT_FAILED_KEPT_S`` on the answers' clock, not asked
+    again at each edit's repair."""
+    from slopilot.operator.failed_trials import NOT_FAILED_KEPT_S, FailedTrials
+    body, policy = vllm_cr(kube, cluster, prom, tmp_path)
+    now = [1_000_000.0]
+    loop = _on_clock(cluster, body, monkeypatch, policy, now)
+    trial_started(loop, cluster)
+    trial_args = knob_args(cluster)
+    _stamp(cluster, "x" * 64)
+    clock = [0.0]
+    monkeypatch.setattr(vllm_take_back, "FAILED_TRIALS", FailedTrials(lambda: clock[0]))
+    reads = _counted_reads(monkeypatch)
+
+    def edited_and_repaired() -> None:
+        dep = cluster.kube.get("apps/v1", "deployments", NS, "chat")
+        containers = dep["spec"]["template"]["spec"]["containers"]
+        engine = next(c for c in containers if c["name"] == "engine")
+        at = engine["args"].index("--max-num-seqs") + 1
+        engine["args"][at] = str(int(engine["args"][at]) + 1)  # a tenant's edit
+        cluster.kube.patch("apps/v1", "deployments", NS, "chat",
+                           {"spec": {"template": {"spec": {"containers": containers}}}})
+        repaired(cluster, policy)
+        assert knob_args(cluster) == trial_args  # put back to the trial's
+
+    for _ in range(4):
+        edited_and_repaired()
+    assert len(reads) == 1, reads
+    clock[0] += NOT_FAILED_KEPT_S
+    edited_and_repaired()
+    assert len(reads) == 2, reads
+
+
+def test_a_stamp_an_earlier_trial_left_is_not_read_during_a_later_one(
+        kube: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Nothing removes a stamp: the one a take-back left stays on the Deployment, inert,
+    through every later trial. Those trials' reconciles render them as recorded, with
+    no read of the study (they did, each one)."""
+    body, policy = vllm_cr(kube, cluster, prom, tmp_path)
+    hook, now = Webhook(cluster.kube), [1_000_000.0]
+    loop = _loop(cluster, body, policy, hook, monkeypatch, now)
+    taken_back(loop, cluster, hook, now)
+    first = cluster.status()["controller"]["trial"]["number"]
+    hook.on = False
+    for _ in range(20):
+        now[0] += 60.0
+        assert loop.step()
+        trial = cluster.status()["controller"].get("trial")
+        if trial is not None and trial["number"] != first:
+            break
+    else:
+        pytest.fail("no later trial started")
+    dep = cluster.kube.get("apps/v1", "deployments", NS, "chat")
+    assert TAKEN_BACK_ANNOTATION in dep["metadata"]["annotations"]  # the earlier one's
+    trial_args = knob_args(cluster)
+    reads = _counted_reads(monkeypatch)
+    for _ in range(5):
+        repaired(cluster, policy)
+        assert knob_args(cluster) == trial_args
+    assert reads == []
