@@ -231,8 +231,8 @@ def _runs_record(dep: Mapping[str, Any], body: Mapping[str, Any]) -> bool:
         return False
     if spec.backend is not Backend.VLLM:
         return False
-    containers = ((dep.get("spec") or {}).get("template") or {}).get("spec", {}).get(
-        "containers") or []
+    template = (dep.get("spec") or {}).get("template") or {}
+    containers = (template.get("spec") or {}).get("containers") or []
     engine = next((c for c in containers if c.get("name") == "engine"), None)
     args = list((engine or {}).get("args") or [])
     try:
