@@ -16,6 +16,18 @@ from tests.operator.standins import PrometheusStandIn, serving
 from tests.support.kube_server import RunningEmulator, serve_emulator
 
 
+@pytest.fixture(autouse=True)
+def study_answers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test its own answers to "was this trial told failed" (failed_trials.py), kept
+    from no other test, and waited for however long the study takes: the operator's 2 s
+    bound is for a database that hangs, and a busy machine's SQLite read past it would
+    change what a test's reconcile renders."""
+    from slopilot.operator import vllm_take_back
+    from slopilot.operator.failed_trials import FailedTrials
+
+    monkeypatch.setattr(vllm_take_back, "FAILED_TRIALS", FailedTrials(deadline_s=3600.0))
+
+
 @pytest.fixture
 def kube(tmp_path: Path) -> Iterator[RunningEmulator]:
     """The emulator on 127.0.0.1:<free port>, with the ``default`` namespace.
