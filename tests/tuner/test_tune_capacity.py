@@ -45,6 +45,14 @@ def test_the_smallest_count_over_the_candidates_wins() -> None:
     assert out.to_dict()["candidate"] == "trial 2"
 
 
+def test_one_replica_holds_in_the_singular() -> None:
+    # "1 replicas hold the SLO": the count's noun and verb follow it.
+    ev = FakeEvaluator({"a": 1})
+    out = capacity_answer(ev, [("trial 1", {"name": "a"})], 1, 8)  # type: ignore[arg-type]
+    assert out.sentence().startswith("1 replica holds the SLO in every window"), \
+        out.sentence()
+
+
 def test_none_holds_up_to_the_maximum() -> None:
     ev = FakeEvaluator({"a": 99, "b": 99})
     out = capacity_answer(ev, [("trial 1", {"name": "a"}), ("trial 2", {"name": "b"})],

@@ -70,7 +70,7 @@ from slopilot.tuner.loop.replica_plateau import Flat, flat
 from slopilot.tuner.loop.steady_count import given_up
 from slopilot.tuner.sim.robust import RobustEvaluator
 from slopilot.tuner.study.objective import TrialResult, WindowResult
-from slopilot.tuner.study.verdict import term_label, worst_share
+from slopilot.tuner.study.verdict import replicas_text, term_label, worst_share
 from slopilot.tuner.tune.idle_floor import FloorBook, IdleFloor
 from slopilot.tuner.tune.whole_check import ReplayProgress
 
@@ -251,7 +251,7 @@ class CapacityOutcome:
         None where holding was monotone over the counts tried."""
         if not self.lucky:
             return None
-        pairs = "; ".join(f"{n} replica{'s' if n != 1 else ''} held but {n + 1} missed"
+        pairs = "; ".join(f"{replicas_text(n)} held but {n + 1} missed"
                           for n in self.lucky)
         if self.replicas is not None and self.gave_up:
             end = given_up(self.replicas, {n: r.feasible for n, r in self.tried.items()},
@@ -323,7 +323,8 @@ class CapacityOutcome:
         check = (f" {self.replicas + 1} was run only to check that {self.replicas} did not "
                  "hold by luck (a window's P99 rests on where its few largest requests "
                  "land): it holds too." if self.checked and not self.lucky else "")
-        return (f"{self.replicas} replica{'s' if self.replicas != 1 else ''} hold the SLO "
+        verb = "holds" if self.replicas == 1 else "hold"
+        return (f"{replicas_text(self.replicas)} {verb} the SLO "
                 f"in every window with {self.margin:.0%} headroom, with {self.label}'s knobs "
                 f"(tried: {tried}).{check}" + ("" if below is None else f" {below}"))
 
@@ -439,7 +440,7 @@ def capacity_answer(evaluator: RobustEvaluator,
                 if progress is not None:
                     k = len(searched) + 1
                     on_n.progress = progress.replay(
-                        f"replica search: {label} on {n} replica{'s' if n != 1 else ''}, "
+                        f"replica search: {label} on {replicas_text(n)}, "
                         f"replay {k} of ~{max(k, climb)}", evaluator.plan.simulated_s)
                 result = runs[n] = on_n.evaluate(cfg)
                 searched.append((label, n, result.feasible, within_slo(result)))
