@@ -79,16 +79,36 @@ def repaired(cluster: Cluster, policy: OperatorPolicy) -> None:
 
 def taken_back(loop: DeploymentLoop, cluster: Cluster, hook: Webhook,
                now: list[float]) -> dict[str, str]:
-    """The first step's trial started, then the status refusing every write for
-    ``STATUS_GIVE_UP_S``: the episode's arguments, back on the Deployment."""
+    """The first step's trial started, then given up (``given_up``): the episode's
+    arguments, back on the Deployment."""
     before, _ = trial_started(loop, cluster)
+    given_up(loop, cluster, hook, now, before)
+    return before
+
+
+def given_up(loop: DeploymentLoop, cluster: Cluster, hook: Webhook, now: list[float],
+             before: dict[str, str]) -> None:
+    """The status refusing every write for ``STATUS_GIVE_UP_S`` of a trial: the episode's
+    arguments (``before``), back on the Deployment."""
     hook.on = True
     now[0] += 60.0
     assert loop.step()
     now[0] += STATUS_GIVE_UP_S
     assert loop.step()
     assert knob_args(cluster) == before
-    return before
+
+
+def stepped_still_taken_back(loop: DeploymentLoop, cluster: Cluster, policy: OperatorPolicy,
+                             now: list[float], before: dict[str, str]) -> None:
+    """A minute on, the loop's step with the status still taking no write: the episode's
+    arguments on the Deployment (taken back again, stamped), the trial still on record,
+    and a repair rendering them too."""
+    now[0] += 60.0
+    assert loop.step()
+    assert knob_args(cluster) == before
+    assert cluster.status()["tunedConfig"].get("trial") is True
+    repaired(cluster, policy)
+    assert knob_args(cluster) == before
 
 
 def test_a_refused_edit_mid_trial_puts_the_episodes_arguments_back(
@@ -229,12 +249,7 @@ def test_a_stamp_removed_while_the_status_is_unwritable_is_put_back(
     before = taken_back(loop, cluster, hook, now)
     _stamp(cluster, None)
     repaired(cluster, policy)  # the trial's record rendered again, with no stamp
-    now[0] += 60.0
-    assert loop.step()  # the status still takes no write: taken back again, stamped
-    assert knob_args(cluster) == before
-    assert cluster.status()["tunedConfig"].get("trial") is True
-    repaired(cluster, policy)
-    assert knob_args(cluster) == before
+    stepped_still_taken_back(loop, cluster, policy, now, before)
 
 
 def test_a_stamp_under_a_replaced_key_counts_only_for_a_trial_its_study_failed(
@@ -255,12 +270,7 @@ def test_a_stamp_under_a_replaced_key_counts_only_for_a_trial_its_study_failed(
         _stamp(cluster, junk)
         assert rendered_body(cluster.kube, cr, mint, policy) is cr  # the trial runs
     _stamp(cluster, None)
-    hook.on = True
-    now[0] += 60.0
-    assert loop.step()
-    now[0] += STATUS_GIVE_UP_S
-    assert loop.step()
-    assert knob_args(cluster) == before
+    given_up(loop, cluster, hook, now, before)
     cr = cluster.get()
     committed = rendered_body(cluster.kube, cr, mint, policy)
     assert committed != cr
@@ -297,10 +307,20 @@ def test_a_restart_mid_outage_keeps_the_trials_arguments_off(
     loop = _restarted(cluster, body, policy, hook, monkeypatch, now, loop, rotated)
     check = operator_mint(cluster)
     assert (check.seal("x", "y") == old_key.seal("x", "y")) is not rotated
+    kept_off_until_written(loop, cluster, policy, hook, now, before, check)
+
+
+def kept_off_until_written(loop: DeploymentLoop, cluster: Cluster, policy: OperatorPolicy,
+                           hook: Webhook, now: list[float], before: dict[str, str],
+                           check: TokenMint) -> None:
+    """Three steps of the restarted loop with the status still refusing writes, each
+    followed by a drift repair under ``check``'s key: the episode's arguments stay on the
+    Deployment; then the status writable again, the trial off record, and still them."""
     for _ in range(3):
         now[0] += 60.0
         assert loop.step()
         assert cluster.status()["tunedConfig"].get("trial") is True  # still unwritable
+        assert knob_args(cluster) == before
         repaired_with(cluster, policy, check)  # a drift repair by the restarted operator
         assert knob_args(cluster) == before
     hook.on = False  # fixed: the trial goes off record
@@ -368,19 +388,7 @@ def test_a_restart_after_the_trial_ended_but_before_its_take_back_takes_it_back(
                                             Died())
     loop = _restarted(cluster, body, policy, hook, monkeypatch, now, loop, rotated)
     check = operator_mint(cluster)
-    for _ in range(3):
-        now[0] += 60.0
-        assert loop.step()
-        assert cluster.status()["tunedConfig"].get("trial") is True  # still unwritable
-        assert knob_args(cluster) == before
-        repaired_with(cluster, policy, check)
-        assert knob_args(cluster) == before
-    hook.on = False  # fixed: the trial goes off record
-    now[0] += 60.0
-    assert loop.step()
-    assert (cluster.status().get("tunedConfig") or {}).get("trial") is not True
-    repaired_with(cluster, policy, check)
-    assert knob_args(cluster) == before
+    kept_off_until_written(loop, cluster, policy, hook, now, before, check)
 
 
 def test_a_take_back_the_api_refused_is_made_at_the_next_step(
@@ -394,12 +402,7 @@ def test_a_take_back_the_api_refused_is_made_at_the_next_step(
     before, _ = _ended_before_its_take_back(
         loop, cluster, hook, now, monkeypatch,
         ApplyError("chat: the trial's vLLM arguments not taken off Deployment/chat: 503"))
-    now[0] += 60.0
-    assert loop.step()
-    assert knob_args(cluster) == before
-    assert cluster.status()["tunedConfig"].get("trial") is True
-    repaired(cluster, policy)
-    assert knob_args(cluster) == before
+    stepped_still_taken_back(loop, cluster, policy, now, before)
 
 
 
@@ -441,6 +444,19 @@ def _counted_reads(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
     return reads
 
 
+def forged_mid_trial(kube: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
+                     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+                     ) -> tuple[OperatorPolicy, dict[str, str]]:
+    """A trial started on the vLLM CR, and a stamp no key made (a tenant's) on its
+    Deployment: the policy, and the trial's arguments on the pods."""
+    body, policy = vllm_cr(kube, cluster, prom, tmp_path)
+    loop = _on_clock(cluster, body, monkeypatch, policy, [1_000_000.0])
+    trial_started(loop, cluster)
+    trial_args = knob_args(cluster)
+    _stamp(cluster, "x" * 64)
+    return policy, trial_args
+
+
 def test_a_forged_stamp_mid_trial_does_not_read_the_study_at_each_reconcile(
         kube: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -448,12 +464,7 @@ def test_a_forged_stamp_mid_trial_does_not_read_the_study_at_each_reconcile(
     trial runs: the reconciles (kopf's handler threads, every tenant's) render the trial
     as recorded, and do not each read the study (a database read; Postgres slow or down
     stalled every one of them)."""
-    body, policy = vllm_cr(kube, cluster, prom, tmp_path)
-    now = [1_000_000.0]
-    loop = _on_clock(cluster, body, monkeypatch, policy, now)
-    trial_started(loop, cluster)
-    trial_args = knob_args(cluster)
-    _stamp(cluster, "x" * 64)
+    policy, trial_args = forged_mid_trial(kube, cluster, prom, monkeypatch, tmp_path)
     reads = _counted_reads(monkeypatch)
     for _ in range(5):
         repaired(cluster, policy)
@@ -468,12 +479,7 @@ def test_a_forged_stamp_with_arguments_a_tenant_edits_reads_the_study_once_a_min
     is asked, and its no kept for ``NOT_FAILED_KEPT_S`` on the answers' clock, not asked
     again at each edit's repair."""
     from slopilot.operator.failed_trials import NOT_FAILED_KEPT_S, FailedTrials
-    body, policy = vllm_cr(kube, cluster, prom, tmp_path)
-    now = [1_000_000.0]
-    loop = _on_clock(cluster, body, monkeypatch, policy, now)
-    trial_started(loop, cluster)
-    trial_args = knob_args(cluster)
-    _stamp(cluster, "x" * 64)
+    policy, trial_args = forged_mid_trial(kube, cluster, prom, monkeypatch, tmp_path)
     clock = [0.0]
     monkeypatch.setattr(vllm_take_back, "FAILED_TRIALS", FailedTrials(lambda: clock[0]))
     reads = _counted_reads(monkeypatch)
