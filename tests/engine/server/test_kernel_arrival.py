@@ -12,22 +12,27 @@ and the assertions bounds the kernel's own clock or the order of events set, not
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import socket
 import time
+from collections.abc import Callable
 
 import httpx
 import pytest
+from fastapi import Request
 
+from slopilot.engine.server import openai_routes
+from slopilot.engine.server.arrival import arrival_of
 from tests.support.held_loop import (
     HAS_TCP_INFO,
     TICK_S,
     streamed_after_a_hold,
     wait_in_the_kernel,
 )
-from tests.support.live_server import start_server
-from tests.support.waits import HANG_GUARD_S
+from tests.support.live_server import LiveServer, start_server
+from tests.support.waits import HANG_GUARD_S, wait_for
 
 HELD_MS = 200
 
@@ -67,17 +72,43 @@ def test_a_request_held_in_the_accept_queue_counts_the_wait_in_its_ttft() -> Non
     assert total >= HELD_MS / 1000 - 2 * TICK_S
 
 
+def _head_stamped(srv: LiveServer) -> bool:
+    """Whether the server's connection has parsed a request's head, and so stamped it
+    with the time of the read that brought the head (asked on the server's loop, which
+    alone changes its connections)."""
+    async def ask() -> bool:
+        return any(getattr(getattr(c, "timed", None), "request_arrival", 0.0) > 0.0
+                   for c in srv.server.server_state.connections)
+    return asyncio.run_coroutine_threadsafe(ask(), srv.loop).result(HANG_GUARD_S)
+
+
 @pytest.mark.parametrize("request_bytes", [pytest.param(_completion(), id="content-length"),
                                            pytest.param(_chunked_completion(), id="chunked")])
 def test_a_request_whose_body_trickles_in_counts_its_ttft_from_its_last_byte(
-        request_bytes: bytes) -> None:
+        request_bytes: bytes, monkeypatch: pytest.MonkeyPatch) -> None:
     """The reviewer's slow client: the head and 10 bytes of the body, its upload paused
-    (HELD_MS by the kernel's clock), then the rest."""
+    (HELD_MS by the kernel's clock) once the server has read and stamped the head, then
+    the rest.
+
+    Decided on the request's own arrival, the one its TTFT counts from, against the
+    test's clock: no later than the kernel got the rest (after ``sent``, within a tick),
+    while a stamp of the first part's read (the bug) came HELD_MS before ``sent``,
+    however slow the machine. Waiting for the server to have read the first part is what
+    keeps a busy server, reading both parts at once, from hiding the bug."""
+    arrivals: list[float] = []
+
+    def recorded(request: Request, clock: Callable[[], float]) -> float:
+        arrival = arrival_of(request, clock)
+        arrivals.append(arrival)
+        return arrival
+
+    monkeypatch.setattr(openai_routes, "arrival_of", recorded)
     cut = request_bytes.index(b"\r\n\r\n") + 4 + 10
     with start_server() as srv, \
             socket.create_connection(("127.0.0.1", srv.server.bound_port)) as sock:
         sock.settimeout(HANG_GUARD_S)
         sock.sendall(request_bytes[:cut])
+        wait_for(lambda: _head_stamped(srv), what="the server to read the request's head")
         wait_in_the_kernel(sock, HELD_MS)
         sent = time.monotonic()
         sock.sendall(request_bytes[cut:])
@@ -90,8 +121,12 @@ def test_a_request_whose_body_trickles_in_counts_its_ttft_from_its_last_byte(
         scraped = time.monotonic()
     total, n = _ttft(metrics)
     assert n == 1
-    # Its last byte reached the kernel after ``sent`` (the kernel's reading within a
-    # tick), and its first token came before the scrape that counted it: the upload's
-    # pause, before ``sent``, is not in it.
-    assert total <= scraped - sent + TICK_S, \
-        f"TTFT {total:.3f} s, {scraped - sent:.3f} s from the last byte sent to the scrape"
+    assert len(arrivals) == 1, f"arrivals {arrivals}"
+    # The server's clock is the test's (real time, backdated by the kernel's reading,
+    # within a tick): the first part's stamp would be HELD_MS - 2 ticks before ``sent``.
+    assert arrivals[0] >= sent - TICK_S, \
+        (f"the request counted as arrived {sent - arrivals[0]:.3f} s before its last "
+         f"bytes were sent, its upload's pause counted in its TTFT")
+    # And its TTFT counts from that arrival: its first token came before the scrape.
+    assert total <= scraped - arrivals[0], \
+        f"TTFT {total:.3f} s, {scraped - arrivals[0]:.3f} s from its arrival to the scrape"
