@@ -39,7 +39,13 @@ the client's socket, at least that).
 - ``stop_new`` / ``stop_kept``: the server's processes stopped (SIGSTOP) for
   ``--stop-s`` while ``--stop-requests`` streams are sent, evenly over the stop, on new
   connections (the accept queue) or on kept-alive ones (their sockets' receive queues),
-  then let go on (SIGCONT).
+  then let go on (SIGCONT);
+- ``upload``: ``--upload-requests`` streams at once, each on a raw connection (h11 over
+  asyncio streams) sending its head and half its body, pausing ``--upload-pause-s``,
+  then the rest: its ``written`` is the pause, so its mean's error is against the
+  client's TTFT from its first byte sent (the upload, which the server no longer
+  counts, in it: strongly negative) and its ``wire`` one against its TTFT from its last
+  byte sent (less its read lag).
 
 Each phase runs against this tree's server and, unless ``--no-read-stamp``, against one
 whose stamps are taken at the read (``http_arrival.connection_lag`` answering None: the
@@ -48,7 +54,7 @@ stamp before ``tcp_received``), a server of its own.
     .venv/bin/python benchmarks/client_truth.py [--rate 12] [--seconds 15] [--runs 3]
         [--logprobs N] [--set KNOB=VALUE] [--ttft-ms 400] [--tbt-ms 40]
         [--parts poisson,kernel] [--burst 120] [--stop-s 1.0] [--stop-requests 8]
-        [--no-read-stamp]
+        [--upload-requests 8] [--upload-pause-s 0.5] [--no-read-stamp]
 
 Ends with ``RESULT key=value ...``: per endpoint and client, the median relative
 errors (server - client) / client; for the kernel part, per phase and stamp, the median
@@ -69,12 +75,14 @@ import statistics
 import sys
 import tempfile
 import time
+import urllib.parse
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import h11
 import httpx
 import httpx2
 import openai
@@ -416,7 +424,7 @@ arrival.connection_lag = lambda transport: None
 sys.exit(main(sys.argv[1:]))
 """
 STAMPS = (("kernel", ("-m", "slopilot.cli")), ("read", ("-c", READ_STAMP_SERVE)))
-KERNEL_PHASES = ("burst", "stop_new", "stop_kept")
+KERNEL_PHASES = ("burst", "stop_new", "stop_kept", "upload")
 KERNEL_COLUMNS = ("ttft_mean", "ttft_wire", "ttft_p50", "ttft_p90")
 KERNEL_KEYS = (*KERNEL_COLUMNS, "ttft_p50_bucketed", "ttft_p90_bucketed")
 KERNEL_REPORTED = tuple(f"{k}_err" for k in KERNEL_KEYS)
@@ -534,11 +542,83 @@ async def stopped(url: str, model: str, n: int, stop_s: float, new_connections: 
         return before, list(await asyncio.gather(*tasks))
 
 
+def upload_pieces(conn: h11.Connection, host: str, payload: dict[str, object],
+                  share: float = 0.5) -> tuple[bytes, bytes]:
+    """A completions request on ``conn`` (a client's, left awaiting the response) in
+    two pieces: its head with the first ``share`` of its JSON body, then the rest."""
+    body = json.dumps(payload).encode()
+    head = conn.send(h11.Request(method="POST", target="/v1/completions", headers=[
+        ("Host", host), ("Content-Type", "application/json"),
+        ("Content-Length", str(len(body)))])) or b""
+    data = conn.send(h11.Data(data=body)) or b""  # Content-Length: the body as is
+    conn.send(h11.EndOfMessage())
+    cut = int(len(data) * share)
+    return head + data[:cut], data[cut:]
+
+
+async def upload_request(url: str, model: str, prompt: str, pause_s: float) -> Measured:
+    """One stream whose upload pauses ``pause_s`` mid-body, vLLM's client's figures:
+    TTFT from its first byte sent, ``written`` from it to its last byte's write."""
+    split = urllib.parse.urlsplit(url)
+    conn = h11.Connection(h11.CLIENT)
+    first, rest = upload_pieces(conn, split.netloc, {
+        "model": model, "prompt": prompt, "max_tokens": 48, "stream": True,
+        "ignore_eos": True, "stream_options": {"include_usage": True}})
+    reader, writer = await asyncio.open_connection(split.hostname, split.port)
+    sock = writer.get_extra_info("socket")
+    messages: list[tuple[float, str]] = []
+    sse = SSEMessages()
+    read_lag = math.nan
+    try:
+        sent = time.perf_counter()
+        writer.write(first)
+        await writer.drain()
+        await asyncio.sleep(pause_s)
+        written = time.perf_counter()
+        writer.write(rest)
+        await writer.drain()
+        while True:
+            data = await reader.read(65536)
+            lag = since_last_data(sock) if data else None
+            conn.receive_data(data)
+            while (event := conn.next_event()) not in (h11.NEED_DATA, h11.PAUSED):
+                if isinstance(event, h11.Response) and event.status_code != 200:
+                    return Measured(status="refused" if event.status_code == 429
+                                    else "failed")
+                if isinstance(event, h11.Data):
+                    if math.isnan(read_lag):  # as vllm_request: the first body bytes'
+                        read_lag = lag or math.nan
+                    now = time.perf_counter()
+                    messages.extend((now, m) for m in sse.add(bytes(event.data)))
+                if isinstance(event, h11.EndOfMessage | h11.ConnectionClosed):
+                    m = vllm_timings(messages, sent)
+                    m.written, m.read_lag = written - sent, read_lag
+                    return m
+            if not data:
+                return Measured()  # closed before the response ended
+    except (OSError, h11.ProtocolError):
+        return Measured()
+    finally:
+        writer.close()
+
+
+async def upload(url: str, model: str, n: int, pause_s: float, seed: int
+                 ) -> tuple[Samples, list[Measured]]:
+    """``n`` streams at once, each pausing its upload ``pause_s`` mid-body; the scrape
+    before them."""
+    before = await asyncio.to_thread(scrape, url)
+    return before, list(await asyncio.gather(*(
+        upload_request(url, model, p, pause_s) for p in prompts(n, seed))))
+
+
 def kernel_phase(name: str, url: str, model: str, args: argparse.Namespace,
                  seed: int) -> tuple[Samples, list[Measured]]:
     """A kernel phase's scrape before its requests, and its requests as measured."""
     if name == "burst":
         return asyncio.run(burst(url, model, args.burst, seed))
+    if name == "upload":
+        return asyncio.run(upload(url, model, args.upload_requests, args.upload_pause_s,
+                                  seed))
     return asyncio.run(stopped(url, model, args.stop_requests, args.stop_s,
                                name == "stop_new", seed))
 
@@ -613,13 +693,18 @@ def main() -> int:
                     help="the SLO's TBT target, both sides judge by it")
     ap.add_argument("--parts", default="poisson,kernel",
                     help="poisson (each client and endpoint under Poisson load, ~4-12 "
-                    "min), kernel (the kernel's wait: a burst, a stopped server, ~1 min)")
+                    "min), kernel (the kernel's wait: a burst, a stopped server, a paused upload, "
+                    "~1 min)")
     ap.add_argument("--burst", type=int, default=120,
                     help="the kernel part's streams opened at once, each its connection")
     ap.add_argument("--stop-s", type=float, default=1.0,
                     help="the kernel part's time the server stays stopped")
     ap.add_argument("--stop-requests", type=int, default=8,
                     help="the kernel part's streams sent while the server is stopped")
+    ap.add_argument("--upload-requests", type=int, default=8,
+                    help="the kernel part's streams whose uploads pause mid-body")
+    ap.add_argument("--upload-pause-s", type=float, default=0.5,
+                    help="the kernel part's pause in each upload, client side")
     ap.add_argument("--no-read-stamp", dest="read_stamp", action="store_false",
                     help="skip the kernel part's server stamping at the read")
     args = ap.parse_args()

@@ -9,6 +9,7 @@ import math
 import sys
 from pathlib import Path
 
+import h11
 import pytest
 
 from slopilot.engine.slo import SLOSpec
@@ -130,3 +131,22 @@ def test_kernel_compare_sets_the_servers_mean_against_the_clients_and_its_wire()
     # The client's two on the server's edges read as the server's buckets do.
     assert f["ttft_p50_bucketed_client_ms"] == pytest.approx(750)
     assert f["ttft_p50_bucketed_err"] == pytest.approx(0.0)
+
+
+def test_an_uploads_first_piece_holds_its_head_and_part_of_its_body_only() -> None:
+    """A server (h11's) has the head from the first piece but the request whole only
+    with the second: the pause falls mid-body."""
+    payload = {"model": "m", "prompt": "w1 w2 w3", "stream": True}
+    first, rest = ct.upload_pieces(h11.Connection(h11.CLIENT), "host:1", payload)
+    server = h11.Connection(h11.SERVER)
+    server.receive_data(first)
+    head = server.next_event()
+    assert isinstance(head, h11.Request) and head.target == b"/v1/completions"
+    got = b""
+    while isinstance(event := server.next_event(), h11.Data):
+        got += event.data
+    assert event is h11.NEED_DATA and 0 < len(got) < len(json.dumps(payload))
+    server.receive_data(rest)
+    while isinstance(event := server.next_event(), h11.Data):
+        got += event.data
+    assert isinstance(event, h11.EndOfMessage) and json.loads(got) == payload
