@@ -31,7 +31,7 @@ samples on the server's edges, ``bucketed``: the buckets' share of the error); a
 mean against the client's on the wire (``wire``: less the client's own time, which no
 server sees, before the request was all in its socket, connecting and its loop busy,
 ``written``, and after its kernel got the first chunk, ``read lag``: ``tcp_received`` on
-the client's socket, at least that).
+the client's socket, at least that); ``sent``: the mean less ``written`` only.
 
 - ``burst``: ``--burst`` streams, each on a connection of its own, opened at once: the
   loop, busy accepting and parsing them and streaming the first ones' tokens, leaves the
@@ -44,8 +44,8 @@ the client's socket, at least that).
   asyncio streams) sending its head and half its body, pausing ``--upload-pause-s``,
   then the rest: its ``written`` is the pause, so its mean's error is against the
   client's TTFT from its first byte sent (the upload, which the server no longer
-  counts, in it: strongly negative) and its ``wire`` one against its TTFT from its last
-  byte sent (less its read lag).
+  counts, in it: strongly negative) and its ``sent`` one against its TTFT from its last
+  byte sent (``wire``: less its read lag too).
 
 Each phase runs against this tree's server and, unless ``--no-read-stamp``, against one
 whose stamps are taken at the read (``http_arrival.connection_lag`` answering None: the
@@ -425,7 +425,7 @@ sys.exit(main(sys.argv[1:]))
 """
 STAMPS = (("kernel", ("-m", "slopilot.cli")), ("read", ("-c", READ_STAMP_SERVE)))
 KERNEL_PHASES = ("burst", "stop_new", "stop_kept", "upload")
-KERNEL_COLUMNS = ("ttft_mean", "ttft_wire", "ttft_p50", "ttft_p90")
+KERNEL_COLUMNS = ("ttft_mean", "ttft_sent", "ttft_wire", "ttft_p50", "ttft_p90")
 KERNEL_KEYS = (*KERNEL_COLUMNS, "ttft_p50_bucketed", "ttft_p90_bucketed")
 KERNEL_REPORTED = tuple(f"{k}_err" for k in KERNEL_KEYS)
 
@@ -467,6 +467,10 @@ def kernel_compare(records: list[Measured], before: Samples, after: Samples
     out["ttft_wire_client_ms"] = (out["ttft_mean_client_ms"] - out["written_mean_ms"]
                                   - out["read_lag_mean_ms"])
     out["ttft_wire_server_ms"] = out["ttft_mean_server_ms"]
+    # From its last byte written (the moment the server now stamps, less the wire): the
+    # upload phase's, whose read lag is a kernel tick or two at most.
+    out["ttft_sent_client_ms"] = out["ttft_mean_client_ms"] - out["written_mean_ms"]
+    out["ttft_sent_server_ms"] = out["ttft_mean_server_ms"]
     hist = buckets(d, TTFT)
     edges = sorted(e for e in hist if not math.isinf(e))
     for q in QUANTILES[:2]:

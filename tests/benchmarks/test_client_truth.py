@@ -126,6 +126,9 @@ def test_kernel_compare_sets_the_servers_mean_against_the_clients_and_its_wire()
     assert f["read_lag_mean_ms"] == pytest.approx(10)  # a lag the kernel never told: 0
     assert f["ttft_wire_client_ms"] == pytest.approx(790)
     assert f["ttft_wire_err"] == pytest.approx(-40 / 790)
+    # From its last byte written: less only its own time before the write.
+    assert f["ttft_sent_client_ms"] == pytest.approx(800)
+    assert f["ttft_sent_err"] == pytest.approx(-50 / 800)
     assert f["ttft_p50_client_ms"] == pytest.approx(900)
     assert f["ttft_p50_server_ms"] == pytest.approx(750)  # rank 1 of 2 in (0.5, 1.0]
     # The client's two on the server's edges read as the server's buckets do.
