@@ -31,12 +31,12 @@ same line would bury the rest of the log), and said when it ends; peering object
 to the GETs above, warned of once, and said when it ends.
 
 Nothing here stops the operator. The operator's stop closes the open watches at once
-(watch_stream.py) and ends each wait; a LIST in flight is not cut (up to the API call's
-timeout: urllib3 cannot be cut from another thread before the API server answers, and a
-timeout short enough for ``JOIN_S`` would fail a slow but sound LIST of a large or busy
-cluster at every try), so ``keep_peerings`` returns once its threads have ended or
-``JOIN_S`` after the stop, whichever comes first, and a thread left behind makes nothing
-of what it reads.
+(watch_stream.py), ends each wait, and frees a thread waiting for a LIST's answer
+(in_flight.py: the LIST runs on a thread of its own, left to end on its own, its answer
+dropped): the LIST's timeout is not cut to fit the stop, which would fail a slow but sound
+LIST of a large or busy cluster at every try. ``keep_peerings`` returns once its threads
+have ended, or ``JOIN_S`` after the stop for one held in another call (a create), which
+makes nothing of what it reads after the stop.
 """
 
 from __future__ import annotations
@@ -45,10 +45,11 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from slopilot.operator.api_reach import MAX_RETRY_S
+from slopilot.operator.in_flight import InFlight
 from slopilot.operator.kubeapi import ApiError, Kube
 from slopilot.operator.peering import API_VERSION
 from slopilot.operator.peering_needs import RETRY_FIRST_S, LeftOut, PeeringKeeper
@@ -59,8 +60,9 @@ log = logging.getLogger(__name__)
 RESYNC_S = 60
 """How long one watch lasts before its collection is listed again."""
 JOIN_S = 5.0
-"""How long a stop waits for the keeper's threads, all together (each ends at once but
-one in a LIST: its watch closed, its waits the stop's); a daemon thread past that."""
+"""How long a stop waits for the keeper's threads, all together (each ends at once: its
+watch closed, its LIST's wait freed, its waits the stop's; but one held in a create or a
+GET); a daemon thread past that."""
 STOP_WITHIN_S = 2 * JOIN_S
 """The most the operator's stop waits for ``keep_peerings`` to return."""
 REWARN_S = 3600.0
@@ -81,16 +83,29 @@ def keep_peerings(kube: Kube, name: str, served: Callable[[str], bool],
     returns once its threads have ended. ``left_out``: the namespaces left out of kopf's
     patterns at the start, each put back once gone."""
     keeper = PeeringKeeper(kube, name, served, left_out=left_out, clock=clock, stop=stop)
-    watches = OpenWatches()
-    threads = [threading.Thread(target=job, args=(keeper, stop, watches, resync_s),
+    calls = Open()
+    threads = [threading.Thread(target=job, args=(keeper, stop, calls, resync_s),
                                 name=f"peering-keeper-{what}", daemon=True)
                for what, job in (("namespaces", _namespaces), ("peerings", _peerings),
                                  ("retries", _retries))]
     for thread in threads:
         thread.start()
     stop.wait()
-    watches.close_all()
+    calls.close_all()
     join_within(threads, JOIN_S)
+
+
+@dataclass
+class Open:
+    """The keeper's calls the stop ends at once: the watches open (closed) and the LISTs
+    in flight (their waits freed)."""
+
+    watches: OpenWatches = field(default_factory=OpenWatches)
+    lists: InFlight = field(default_factory=InFlight)
+
+    def close_all(self) -> None:
+        self.watches.close_all()
+        self.lists.abandon_all()
 
 
 def join_within(threads: Iterable[threading.Thread], within_s: float,
@@ -102,7 +117,7 @@ def join_within(threads: Iterable[threading.Thread], within_s: float,
         thread.join(max(0.0, deadline - clock()))
 
 
-def _namespaces(keeper: PeeringKeeper, stop: threading.Event, watches: OpenWatches,
+def _namespaces(keeper: PeeringKeeper, stop: threading.Event, calls: Open,
                 resync_s: int) -> None:
     def seen(event: dict[str, Any]) -> None:
         if event.get("type") in ("ADDED", "MODIFIED", "DELETED"):
@@ -134,7 +149,7 @@ def _namespaces(keeper: PeeringKeeper, stop: threading.Event, watches: OpenWatch
         log.info("slopilot operator: may list and watch namespaces again (refused %.0f min)",
                  refusal.lasted_s() / 60)
 
-    _reflector(keeper, stop, watches, resync_s, NAMESPACES, "namespaces",
+    _reflector(keeper, stop, calls, resync_s, NAMESPACES, "namespaces",
                listed=lambda listing: keeper.listed(listing.get("items") or []),
                seen=seen, forbidden=forbidden, let_through=let_through).run()
 
@@ -165,7 +180,7 @@ class _Refusal:
         return self.clock() - self.began
 
 
-def _peerings(keeper: PeeringKeeper, stop: threading.Event, watches: OpenWatches,
+def _peerings(keeper: PeeringKeeper, stop: threading.Event, calls: Open,
               resync_s: int) -> None:
     def listed(listing: dict[str, Any]) -> None:
         keeper.peerings_listed([
@@ -194,25 +209,26 @@ def _peerings(keeper: PeeringKeeper, stop: threading.Event, watches: OpenWatches
         log.info("slopilot operator: may list and watch KopfPeerings again: the GETs of "
                  "each served namespace's stop")
 
-    _reflector(keeper, stop, watches, resync_s, PEERINGS, "KopfPeerings",
+    _reflector(keeper, stop, calls, resync_s, PEERINGS, "KopfPeerings",
                listed=listed, seen=seen, forbidden=forbidden, let_through=let_through).run()
 
 
-def _reflector(keeper: PeeringKeeper, stop: threading.Event, watches: OpenWatches,
+def _reflector(keeper: PeeringKeeper, stop: threading.Event, calls: Open,
                resync_s: int, path: str, what: str, *,
                listed: Callable[[dict[str, Any]], None],
                seen: Callable[[dict[str, Any]], None],
                forbidden: Callable[[ApiError, bool], float],
                let_through: Callable[[], None]) -> Reflector:
     return Reflector(
-        what, list_all=lambda: keeper.kube.request("GET", path),
+        what, list_all=lambda: calls.lists.read(lambda: keeper.kube.request("GET", path),
+                                                f"{threading.current_thread().name}-list"),
         watch_from=lambda version: watch_events(keeper.kube, path, version=version,
-                                                timeout_s=resync_s, watches=watches),
+                                                timeout_s=resync_s, watches=calls.watches),
         listed=listed, seen=seen, forbidden=forbidden, stop=stop, clock=keeper.clock,
         log=log, let_through=let_through)
 
 
-def _retries(keeper: PeeringKeeper, stop: threading.Event, _watches: OpenWatches,
+def _retries(keeper: PeeringKeeper, stop: threading.Event, _calls: Open,
              _resync_s: int) -> None:
     # Each retry is due at least RETRY_FIRST_S after its refusal: a look that often is
     # soon enough, and costs a call only where one is due.

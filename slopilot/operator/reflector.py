@@ -9,7 +9,8 @@ refused LIST or watch (403) is the caller's to answer (``forbidden``), the refus
 until a watch is let through (``let_through``): a LIST let through with its watch refused
 (RBAC granting list, not watch) is no end of it. Any other error is warned of and listed
 again ``MAX_RETRY_S`` later: the thread must not die (what it keeps would go stale
-unnoticed). A listing answered after the stop is acted on no more.
+unnoticed). A LIST whose wait the stop abandoned (in_flight.py) ends the loop at once,
+and a listing answered after the stop is acted on no more.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 import urllib3
 
 from slopilot.operator.api_reach import MAX_RETRY_S
+from slopilot.operator.in_flight import Abandoned
 from slopilot.operator.kubeapi import ApiError
 
 _log = logging.getLogger(__name__)
@@ -57,7 +59,8 @@ class Reflector:
     what: str
     """The collection, as its warnings name it ("namespaces")."""
     list_all: Callable[[], dict[str, Any]]
-    """One LIST: the raw listing, its version in ``metadata.resourceVersion``."""
+    """One LIST: the raw listing, its version in ``metadata.resourceVersion``; Abandoned
+    where the stop came first."""
     watch_from: Callable[[str], Iterable[dict[str, Any]]]
     """One watch from a version: its raw events until it ends (or the stop closes it);
     ApiError where it is refused or its version expired (410)."""
@@ -106,6 +109,8 @@ class Reflector:
                 # unless it ended at once.
                 _pause(self.stop, relist.after(began, events))
                 continue
+            except Abandoned:  # the stop, while the LIST was in flight
+                return
             except _Cut as cut:
                 wait_s = relist.after(began, events)
                 self.log.info("slopilot operator: the watch of %s was cut (%s); listed "

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -494,8 +495,8 @@ def test_a_watch_ending_at_once_is_listed_again_after_a_backoff(
     cluster's namespaces (or KopfPeerings) again at once: ~100,000 LISTs a second. As
     client-go's reflector, it waits 1 s doubling up to 30 s, on the operator's stop."""
     from slopilot.operator import peering_keeper
+    from slopilot.operator.peering_keeper import Open
     from slopilot.operator.peering_needs import PeeringKeeper
-    from slopilot.operator.watch_stream import OpenWatches
 
     clock = [0.0]
     stop = Stop(limit=8)
@@ -503,7 +504,7 @@ def test_a_watch_ending_at_once_is_listed_again_after_a_backoff(
     watches_that(monkeypatch, clock, [end])
     keeper = PeeringKeeper(kube, PEERING, serving([]),  # type: ignore[arg-type]
                            clock=lambda: clock[0])
-    getattr(peering_keeper, job)(keeper, stop, OpenWatches(), 60)
+    getattr(peering_keeper, job)(keeper, stop, Open(), 60)
     assert stop.waits == [1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 30.0]
     assert kube.lists == 8
 
@@ -512,8 +513,8 @@ def test_a_watch_ending_at_once_is_listed_again_after_a_backoff(
 def test_a_watch_that_lived_long_or_told_events_resets_the_backoff(
         monkeypatch: pytest.MonkeyPatch, job: str) -> None:
     from slopilot.operator import peering_keeper
+    from slopilot.operator.peering_keeper import Open
     from slopilot.operator.peering_needs import PeeringKeeper
-    from slopilot.operator.watch_stream import OpenWatches
 
     clock = [0.0]
     stop = Stop(limit=5)
@@ -522,7 +523,7 @@ def test_a_watch_that_lived_long_or_told_events_resets_the_backoff(
                  ["closed", "closed", "event", "closed", "410", "long", "closed"])
     keeper = PeeringKeeper(kube, PEERING, serving([]),  # type: ignore[arg-type]
                            clock=lambda: clock[0])
-    getattr(peering_keeper, job)(keeper, stop, OpenWatches(), 60)
+    getattr(peering_keeper, job)(keeper, stop, Open(), 60)
     assert stop.waits == [1.0, 2.0, 1.0, 2.0, 1.0]
     assert kube.lists == 7
 
@@ -532,8 +533,8 @@ def test_a_listing_answered_after_the_stop_is_acted_on_no_more(job: str) -> None
     """A LIST in flight is not cut by the stop (up to REQUEST_TIMEOUT_S): its thread,
     left behind, makes nothing of its answer."""
     from slopilot.operator import peering_keeper
+    from slopilot.operator.peering_keeper import Open
     from slopilot.operator.peering_needs import PeeringKeeper
-    from slopilot.operator.watch_stream import OpenWatches
 
     stop = Stop(limit=1)
     kube = Listing(stop, limit=1, items=[namespace("team-a", uid="u1")]
@@ -544,7 +545,7 @@ def test_a_listing_answered_after_the_stop_is_acted_on_no_more(job: str) -> None
         keeper.seen(namespace("team-a", uid="u1"))
         assert kube.creates == ["team-a"]
         kube.creates.clear()
-    getattr(peering_keeper, job)(keeper, stop, OpenWatches(), 60)
+    getattr(peering_keeper, job)(keeper, stop, Open(), 60)
     assert kube.creates == []
     keeper.retry_due()
     keeper.seen(namespace("team-b", uid="u2"))
@@ -599,8 +600,8 @@ def test_a_list_of_namespaces_refused_is_warned_of_again_once_let_through_and_re
     let through (tried again each MAX_RETRY_S meanwhile)."""
     from slopilot.operator import peering_keeper
     from slopilot.operator.api_reach import MAX_RETRY_S
+    from slopilot.operator.peering_keeper import Open
     from slopilot.operator.peering_needs import PeeringKeeper
-    from slopilot.operator.watch_stream import OpenWatches
 
     stop = Stop(limit=4)
     kube = Scripted(stop, [FORBIDDEN, FORBIDDEN, None, FORBIDDEN])
@@ -609,7 +610,7 @@ def test_a_list_of_namespaces_refused_is_warned_of_again_once_let_through_and_re
     keeper = PeeringKeeper(kube, PEERING, serving([]),  # type: ignore[arg-type]
                            clock=lambda: clock[0])
     with caplog.at_level(logging.INFO):
-        peering_keeper._namespaces(keeper, stop, OpenWatches(), 45)
+        peering_keeper._namespaces(keeper, stop, Open(), 45)
     assert stop.waits == [MAX_RETRY_S, MAX_RETRY_S, 1.0, MAX_RETRY_S]
     assert caplog.text.count("may not list or watch namespaces") == 2, caplog.text
     assert caplog.text.count("may list and watch namespaces again") == 1, caplog.text
@@ -622,8 +623,8 @@ def test_a_list_of_peerings_refused_turns_to_rechecks_warned_of_once_until_liste
     one's object instead, the LIST of peerings tried again each resync; warned of once
     (until a watch is let through and refused again), not each minute."""
     from slopilot.operator import peering_keeper
+    from slopilot.operator.peering_keeper import Open
     from slopilot.operator.peering_needs import PeeringKeeper
-    from slopilot.operator.watch_stream import OpenWatches
 
     stop = Stop(limit=5)
     kube = Scripted(stop, [FORBIDDEN, FORBIDDEN, None, FORBIDDEN, FORBIDDEN])
@@ -640,7 +641,7 @@ def test_a_list_of_peerings_refused_turns_to_rechecks_warned_of_once_until_liste
 
     monkeypatch.setattr(stop, "wait", wait)
     with caplog.at_level(logging.WARNING):
-        peering_keeper._peerings(keeper, stop, OpenWatches(), 45)
+        peering_keeper._peerings(keeper, stop, Open(), 45)
     assert stop.waits == [45, 45, 1.0, 45, 45]
     assert rechecks == [True, True, False, True, True]
     assert caplog.text.count("may not list or watch KopfPeerings") == 2, caplog.text
@@ -666,9 +667,8 @@ def test_a_list_of_namespaces_refused_for_hours_is_warned_of_at_its_start_then_h
     tried again each MAX_RETRY_S all along."""
     from slopilot.operator import peering_keeper
     from slopilot.operator.api_reach import MAX_RETRY_S
-    from slopilot.operator.peering_keeper import REWARN_S
+    from slopilot.operator.peering_keeper import REWARN_S, Open
     from slopilot.operator.peering_needs import PeeringKeeper
-    from slopilot.operator.watch_stream import OpenWatches
 
     clock = [0.0]
     tries = int(2 * REWARN_S / MAX_RETRY_S)  # two hours refused
@@ -684,7 +684,7 @@ def test_a_list_of_namespaces_refused_for_hours_is_warned_of_at_its_start_then_h
     peering_keeper.log.addHandler(handler)
     try:
         with caplog.at_level(logging.INFO):
-            peering_keeper._namespaces(keeper, stop, OpenWatches(), 45)
+            peering_keeper._namespaces(keeper, stop, Open(), 45)
     finally:
         peering_keeper.log.removeHandler(handler)
     assert stop.waits == [*[MAX_RETRY_S] * tries, 1.0, MAX_RETRY_S]
@@ -709,8 +709,8 @@ def test_peerings_listed_but_not_watched_warn_once_and_keep_rechecking(
     namespaces in between skipped them). Rechecks stay on until a watch is let
     through."""
     from slopilot.operator import peering_keeper
+    from slopilot.operator.peering_keeper import Open
     from slopilot.operator.peering_needs import PeeringKeeper
-    from slopilot.operator.watch_stream import OpenWatches
 
     stop = Stop(limit=5)
     kube = Listing(stop)
@@ -724,7 +724,81 @@ def test_peerings_listed_but_not_watched_warn_once_and_keep_rechecking(
 
     monkeypatch.setattr(peering_keeper, "watch_events", refused_watch)
     with caplog.at_level(logging.WARNING):
-        peering_keeper._peerings(keeper, stop, OpenWatches(), 45)
+        peering_keeper._peerings(keeper, stop, Open(), 45)
     assert stop.waits == [45] * 5 and kube.lists == 5
     assert rechecks == [False, True, True, True, True]
     assert caplog.text.count("may not list or watch KopfPeerings") == 1, caplog.text
+
+
+class Silent:
+    """An API server that takes each request and never answers it (one whose priority
+    and fairness queue holds a LIST, a load balancer gone quiet): each connection held
+    open, its request read, until ``close``."""
+
+    def __init__(self) -> None:
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.requests: list[bytes] = []
+        self.held: list[socket.socket] = []
+        self.thread = threading.Thread(target=self._serve, name="silent-api", daemon=True)
+        self.thread.start()
+
+    @property
+    def host(self) -> str:
+        return f"http://127.0.0.1:{self.server.getsockname()[1]}"
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:  # closed
+                return
+            self.held.append(conn)
+            self.requests.append(conn.recv(65536))
+
+    def close(self) -> None:
+        # A close alone leaves a blocked accept taking connections (Linux): shut first.
+        self.server.shutdown(socket.SHUT_RDWR)
+        self.thread.join()
+        self.server.close()
+        for conn in self.held:
+            conn.close()
+
+
+@pytest.fixture
+def silent() -> Iterator[Silent]:
+    server = Silent()
+    yield server
+    if server.thread.is_alive():
+        server.close()
+
+
+def test_a_stop_while_a_list_is_unanswered_ends_the_keepers_threads(
+        monkeypatch: pytest.MonkeyPatch, silent: Silent) -> None:
+    """A LIST in flight at the stop ran to its request timeout (30 s), its thread with it:
+    the operator's stop (and each test's) waited for it. The timeout is an hour here, so
+    only a stop that frees the LIST's wait ends the keeper's threads; the LIST's timeout
+    is not shortened for it (a slow but sound LIST of a busy cluster would fail)."""
+    from slopilot.operator import kubeapi
+
+    monkeypatch.setattr(kubeapi, "REQUEST_TIMEOUT_S", 3600.0)
+    client = kubernetes.client.ApiClient(kubernetes.client.Configuration(host=silent.host))
+    stop = threading.Event()
+    keeper = run_keeper(client, serving(["team-*"]), stop)
+    wait_for(lambda: sum(b"GET /api" in r for r in silent.requests) == 2,
+             what="the LISTs of namespaces and of KopfPeerings, unanswered")
+    stop.set()
+    guard = 20.0  # far under the LIST's hour, far over a prompt stop
+    keeper.join(guard)
+    assert not keeper.is_alive()
+    names = {f"peering-keeper-{what}" for what in ("namespaces", "peerings", "retries")}
+    for thread in threading.enumerate():
+        if thread.name in names:
+            thread.join(guard)
+            assert not thread.is_alive(), f"{thread.name} outlived the stop"
+    # Each LIST left behind ends on its own once its connection does, making nothing of it.
+    lists = [t for t in threading.enumerate() if t.name.startswith("peering-keeper-")]
+    assert {t.name for t in lists} <= {f"{name}-list" for name in names}
+    silent.close()
+    for thread in lists:
+        thread.join(guard)
+        assert not thread.is_alive(), f"{thread.name} outlived its connection"

@@ -217,3 +217,23 @@ def test_a_handlers_connection_error_is_warned_of_as_any_other() -> None:
     reflector.seen = seen
     reflector.run()
     assert stop.waits == [MAX_RETRY_S, MAX_RETRY_S]
+
+
+def test_a_list_abandoned_by_the_stop_ends_the_loop_unwarned(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The stop frees a thread waiting for a LIST's answer (in_flight.py): its loop ends
+    there, with no warning of a failed LIST and no wait."""
+    from slopilot.operator.in_flight import Abandoned
+
+    stop = Stop(limit=100)
+    api = Api(stop)
+
+    def list_all() -> dict[str, Any]:
+        stop.set()  # the stop while the LIST is in flight: its wait freed
+        raise Abandoned()
+
+    reflector = api.reflector()
+    reflector.list_all = list_all
+    with caplog.at_level(logging.INFO):
+        reflector.run()
+    assert api.listed == [] and stop.waits == [] and caplog.records == []
