@@ -21,9 +21,10 @@ minute), until a watch of them is let through.
 
 Each collection is listed and watched by a reflector (reflector.py): a watch the API
 server (or a proxy in front of it) ends at once with no event, or with its version
-expired (410), or cut on its own (a connection reset), is listed again after a backoff,
-as client-go's reflector does: 1 s doubling up to 30 s, back to none after a watch that
-told events or lived 30 s. What differs here is the answer to a refusal (403), which
+expired (410), or cut on its own (a connection reset; said at the first cut, then at
+most each ``CUT_SAY_S`` summed up), is listed again after a backoff, as client-go's
+reflector does: 1 s doubling up to 30 s, back to none after a watch that told events or
+lived 30 s. What differs here is the answer to a refusal (403), which
 lasts until a watch is let through (a LIST let through, its watch refused, is no end of
 it): namespaces are tried again each ``MAX_RETRY_S`` (nothing stands in for their watch),
 warned of when the refusal starts, again each ``REWARN_S`` while it lasts (each try the

@@ -5,6 +5,8 @@ A watch the API server (or a proxy in front of it) ends at once with no event, w
 version expired (410), or whose connection is lost on its own (an API server restarting,
 a load balancer's idle timeout: routine, said at INFO), is listed again after a backoff:
 1 s doubling up to 30 s, back to none after a watch that told events or lived 30 s. A
+proxy cutting each watch at once would have a line each try: the first cut is said, then
+at most one line each ``CUT_SAY_S`` summing up the cuts since. A
 refused LIST or watch (403) is the caller's to answer (``forbidden``), the refusal lasting
 until a watch is let through (``let_through``): a LIST let through with its watch refused
 (RBAC granting list, not watch) is no end of it. Any other error is warned of and listed
@@ -34,6 +36,9 @@ RELIST_FIRST_S = 1.0
 RELIST_CAP_S = 30.0
 """...doubled at each such watch up to this; a watch that told an event or lived this long
 resets it."""
+CUT_SAY_S = 600.0
+"""How often watches cut again and again are said (at INFO): the first cut at once, then
+the first cut this long after the last line, summing up the cuts since (each at DEBUG)."""
 
 
 @dataclass
@@ -50,6 +55,26 @@ class _Relist:
         else:
             self.delay_s = min(self.delay_s * 2, RELIST_CAP_S) or RELIST_FIRST_S
         return self.delay_s
+
+
+@dataclass
+class _CutSaid:
+    """When watches cut on their own are said: the first, then each ``CUT_SAY_S``."""
+
+    clock: Callable[[], float]
+    said: float | None = None
+    unsaid: int = 0
+
+    def tell(self) -> tuple[int, float] | None:
+        """Each cut: None to say nothing, else the cuts to say (this one included) and
+        the seconds since the last line (1 and 0 where it is said alone)."""
+        now = self.clock()
+        if self.said is not None and now - self.said < CUT_SAY_S:
+            self.unsaid += 1
+            return None
+        since = 0.0 if self.said is None or not self.unsaid else now - self.said
+        cuts, self.said, self.unsaid = self.unsaid + 1, now, 0
+        return cuts, since
 
 
 @dataclass
@@ -82,6 +107,7 @@ class Reflector:
 
     def run(self) -> None:
         relist = _Relist(self.clock)
+        cut_said = _CutSaid(self.clock)
         refused = False
 
         def opened() -> bool:  # the new value of ``refused``
@@ -113,8 +139,21 @@ class Reflector:
                 return
             except _Cut as cut:
                 wait_s = relist.after(began, events)
-                self.log.info("slopilot operator: the watch of %s was cut (%s); listed "
-                              "again in %.0f s", self.what, cut.__cause__, wait_s)
+                match cut_said.tell():
+                    case None:
+                        self.log.debug("slopilot operator: the watch of %s was cut (%s); "
+                                       "listed again in %.0f s", self.what, cut.__cause__,
+                                       wait_s)
+                    case (1, _):
+                        self.log.info("slopilot operator: the watch of %s was cut (%s); "
+                                      "listed again in %.0f s", self.what, cut.__cause__,
+                                      wait_s)
+                    case (cuts, since_s):
+                        self.log.info("slopilot operator: the watch of %s was cut %d times "
+                                      "in the last %.0f min (the last: %s); listed again "
+                                      "in %.0f s, said again in %.0f min at the soonest",
+                                      self.what, cuts, since_s / 60, cut.__cause__, wait_s,
+                                      CUT_SAY_S / 60)
                 _pause(self.stop, wait_s)
                 continue
             except ApiError as exc:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator
+from itertools import pairwise
 from typing import Any
 
 import pytest
@@ -193,15 +194,17 @@ def test_a_watch_cut_on_its_own_is_listed_again_after_the_backoff_unwarned(
         caplog: pytest.LogCaptureFixture, cut: Exception) -> None:
     """An API server restarting (or a load balancer's idle timeout) resets the watch's
     connection: routine, so listed again at once after a watch that told events or
-    lived, else after the relist backoff; not a warning (nor 30 s) each time."""
+    lived, else after the relist backoff; not a warning (nor 30 s) each time. Said at
+    INFO the first time, the others (within CUT_SAY_S) at DEBUG."""
     stop = Stop(limit=3)
     api = Api(stop, watches=[[cut], [cut], [event("a"), cut], [cut]])
-    with caplog.at_level(logging.INFO):
+    with caplog.at_level(logging.DEBUG):
         api.reflector().run()
     assert stop.waits == [RELIST_FIRST_S, 2 * RELIST_FIRST_S, RELIST_FIRST_S]
     assert api.listed == ["1", "2", "3", "4"] and api.seen == [event("a")]
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
-    assert caplog.text.count("watch of things was cut") == 4, caplog.text
+    cuts = [r for r in caplog.records if "watch of things was cut" in r.getMessage()]
+    assert [r.levelno for r in cuts] == [logging.INFO] + [logging.DEBUG] * 3, caplog.text
 
 
 def test_a_handlers_connection_error_is_warned_of_as_any_other() -> None:
@@ -237,3 +240,55 @@ def test_a_list_abandoned_by_the_stop_ends_the_loop_unwarned(
     with caplog.at_level(logging.INFO):
         reflector.run()
     assert api.listed == [] and stop.waits == [] and caplog.records == []
+
+
+class Clocked(Stop):
+    """A stop whose waits move its API's clock by as long."""
+
+    api: Api
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.api.now += timeout or 0.0
+        return super().wait(timeout)
+
+
+def test_watches_cut_again_and_again_are_said_once_then_summed_up_each_interval() -> None:
+    """A proxy cutting each watch at once had a line at each LIST, every 30 s for as long
+    as it lasted: said at the first cut, then once each CUT_SAY_S, summing up the cuts
+    since the last line (each cut said at DEBUG)."""
+    from slopilot.operator.reflector import CUT_SAY_S
+
+    stop = Clocked(limit=80)
+    api = stop.api = Api(stop, watches=[[CUTS[0]]])
+    said: list[tuple[float, str]] = []
+
+    class Said(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.levelno >= logging.INFO:
+                said.append((api.now, record.getMessage()))
+
+    cuts: list[float] = []
+    reflector = api.reflector()
+    reflector.watch_from = lambda version: (cuts.append(api.now), api.watch_from(version))[1]
+    reflector.log = logging.getLogger("tests.reflector.cuts")
+    reflector.log.addHandler(handler := Said())
+    reflector.log.setLevel(logging.DEBUG)
+    try:
+        reflector.run()
+    finally:
+        reflector.log.removeHandler(handler)
+    assert len(cuts) == 80 and len(api.listed) == 80  # each listed again, as before
+    # 80 cuts, backing off 1 s doubling to 30 s: ~38 min. The first said at once, then
+    # the first cut CUT_SAY_S after the last line sums up the cuts since.
+    assert cuts[-1] > 3 * CUT_SAY_S
+    times = [at for at, _ in said]
+    assert times[0] == cuts[0] and len(said) >= 4
+    assert all(b - a >= CUT_SAY_S and b == min(c for c in cuts if c >= a + CUT_SAY_S)
+               for a, b in pairwise(times)), times
+    assert cuts[-1] < times[-1] + CUT_SAY_S
+    first = said[0][1]
+    assert "the watch of things was cut (" in first and "times" not in first
+    for (a, _), (b, line) in pairwise(said):
+        count = sum(1 for c in cuts if a < c <= b)
+        assert line.startswith(f"slopilot operator: the watch of things was cut {count} "
+                               f"times in the last {CUT_SAY_S / 60:.0f} min"), line
