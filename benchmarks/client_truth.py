@@ -560,6 +560,41 @@ def upload_pieces(conn: h11.Connection, host: str, payload: dict[str, object],
     return head + data[:cut], data[cut:]
 
 
+class UploadResponse:
+    """An upload stream's response as the client's reads bring it (h11's client side
+    on ``conn``): vLLM's client's figures once it ends, with the read lag at the read
+    that brought its first body bytes."""
+
+    def __init__(self, conn: h11.Connection, sent: float, written: float,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.conn, self.sent, self.written, self.clock = conn, sent, written, clock
+        self.messages: list[tuple[float, str]] = []
+        self.sse = SSEMessages()
+        self.read_lag = math.nan
+
+    def add(self, data: bytes, lag: float | None) -> Measured | None:
+        """One read's ``data`` (b"": the connection closed), ``lag`` the kernel's
+        ``since_last_data`` just after it; the stream's figures once it ended."""
+        conn = self.conn
+        conn.receive_data(data)
+        while (event := conn.next_event()) not in (h11.NEED_DATA, h11.PAUSED):
+            if isinstance(event, h11.Response) and event.status_code != 200:
+                return Measured(status="refused" if event.status_code == 429
+                                else "failed")
+            if isinstance(event, h11.Data):
+                if math.isnan(self.read_lag):  # as vllm_request: the first body bytes'
+                    self.read_lag = lag or math.nan
+                now = self.clock()
+                self.messages.extend((now, m) for m in self.sse.add(bytes(event.data)))
+            if isinstance(event, h11.EndOfMessage | h11.ConnectionClosed):
+                m = vllm_timings(self.messages, self.sent)
+                m.written, m.read_lag = self.written - self.sent, self.read_lag
+                return m
+        if not data:
+            return Measured()  # closed before the response ended
+        return None
+
+
 async def upload_request(url: str, model: str, prompt: str, pause_s: float) -> Measured:
     """One stream whose upload pauses ``pause_s`` mid-body, vLLM's client's figures:
     TTFT from its first byte sent, ``written`` from it to its last byte's write."""
@@ -570,9 +605,6 @@ async def upload_request(url: str, model: str, prompt: str, pause_s: float) -> M
         "ignore_eos": True, "stream_options": {"include_usage": True}})
     reader, writer = await asyncio.open_connection(split.hostname, split.port)
     sock = writer.get_extra_info("socket")
-    messages: list[tuple[float, str]] = []
-    sse = SSEMessages()
-    read_lag = math.nan
     try:
         sent = time.perf_counter()
         writer.write(first)
@@ -581,25 +613,11 @@ async def upload_request(url: str, model: str, prompt: str, pause_s: float) -> M
         written = time.perf_counter()
         writer.write(rest)
         await writer.drain()
+        response = UploadResponse(conn, sent, written)
         while True:
             data = await reader.read(65536)
-            lag = since_last_data(sock) if data else None
-            conn.receive_data(data)
-            while (event := conn.next_event()) not in (h11.NEED_DATA, h11.PAUSED):
-                if isinstance(event, h11.Response) and event.status_code != 200:
-                    return Measured(status="refused" if event.status_code == 429
-                                    else "failed")
-                if isinstance(event, h11.Data):
-                    if math.isnan(read_lag):  # as vllm_request: the first body bytes'
-                        read_lag = lag or math.nan
-                    now = time.perf_counter()
-                    messages.extend((now, m) for m in sse.add(bytes(event.data)))
-                if isinstance(event, h11.EndOfMessage | h11.ConnectionClosed):
-                    m = vllm_timings(messages, sent)
-                    m.written, m.read_lag = written - sent, read_lag
-                    return m
-            if not data:
-                return Measured()  # closed before the response ended
+            if (m := response.add(data, since_last_data(sock) if data else None)) is not None:
+                return m
     except (OSError, h11.ProtocolError):
         return Measured()
     finally:
