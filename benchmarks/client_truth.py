@@ -571,6 +571,7 @@ class UploadResponse:
         self.messages: list[tuple[float, str]] = []
         self.sse = SSEMessages()
         self.read_lag = math.nan
+        self.lag_taken = False
 
     def add(self, data: bytes, lag: float | None) -> Measured | None:
         """One read's ``data`` (b"": the connection closed), ``lag`` the kernel's
@@ -582,8 +583,11 @@ class UploadResponse:
                 return Measured(status="refused" if event.status_code == 429
                                 else "failed")
             if isinstance(event, h11.Data):
-                if math.isnan(self.read_lag):  # as vllm_request: the first body bytes'
-                    self.read_lag = lag or math.nan
+                if not self.lag_taken:  # as vllm_request: the first body bytes' only
+                    # A 0 read (within the kernel's tick) is taken too: it used to read as
+                    # not taken, and a later read's first nonzero lag (one tick) stood in.
+                    self.lag_taken = True
+                    self.read_lag = math.nan if lag is None else lag
                 now = self.clock()
                 self.messages.extend((now, m) for m in self.sse.add(bytes(event.data)))
             if isinstance(event, h11.EndOfMessage | h11.ConnectionClosed):

@@ -153,3 +153,43 @@ def test_an_uploads_first_piece_holds_its_head_and_part_of_its_body_only() -> No
     while isinstance(event := server.next_event(), h11.Data):
         got += event.data
     assert isinstance(event, h11.EndOfMessage) and json.loads(got) == payload
+
+
+def _response_reads(lags: list[float | None]) -> ct.Measured:
+    """An upload's response read in pieces (the head, then one SSE message a read, then
+    the end), each read with its kernel ``lag``, on a clock a read apart."""
+    server = h11.Connection(h11.SERVER)
+    client = h11.Connection(h11.CLIENT)
+    request = client.send(h11.Request(method="POST", target="/v1/completions",
+                                      headers=[("Host", "h"), ("Content-Length", "0")]))
+    client.send(h11.EndOfMessage())
+    server.receive_data(request or b"")
+    server.next_event()
+    server.next_event()
+    reads = [server.send(h11.Response(status_code=200, headers=[
+        ("Transfer-Encoding", "chunked")])) or b""]
+    reads += [server.send(h11.Data(data=(m + "\n\n").encode())) or b""
+              for m in (_data({"choices": [{"text": t}]}) for t in ("a", "b"))]
+    reads.append(server.send(h11.EndOfMessage()) or b"")
+    assert len(reads) == len(lags)
+    ticks = iter(range(10))
+    response = ct.UploadResponse(client, sent=0.0, written=0.5,
+                                 clock=lambda: float(next(ticks)))
+    got = None
+    for data, lag in zip(reads, lags, strict=True):
+        got = response.add(data, lag)
+    assert got is not None
+    return got
+
+
+def test_an_uploads_read_lag_is_its_first_body_reads_even_when_zero() -> None:
+    """The kernel's lag at the read of the first body bytes, 0 where the client read
+    them within the kernel's tick: not a later read's (the first tick past) instead."""
+    got = _response_reads([0.0, 0.0, 0.004, 0.0])
+    assert got.status == "ok" and got.written == pytest.approx(0.5)
+    assert got.read_lag == 0.0
+    assert _response_reads([0.0, 0.008, 0.004, 0.0]).read_lag == pytest.approx(0.008)
+
+
+def test_an_uploads_read_lag_the_kernel_never_told_is_unknown() -> None:
+    assert math.isnan(_response_reads([None, None, None, None]).read_lag)
