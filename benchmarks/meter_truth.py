@@ -121,15 +121,17 @@ class MeterProcess:
 
 @contextlib.contextmanager
 def meter(upstream: str, slo_file: Path,
-          launcher: Sequence[str] = ("-m", "slopilot.cli")) -> Iterator[MeterProcess]:
+          launcher: Sequence[str] = ("-m", "slopilot.cli"),
+          flags: Sequence[str] = ()) -> Iterator[MeterProcess]:
     """A ``slopilot meter`` process of this tree in front of ``upstream``; ``launcher``:
     what Python runs, given ``meter`` and its flags (``meter_scrape_stall.py``: with the
-    render of before)."""
+    render of before); ``flags``: more of the meter's (``client_truth.py``: its
+    ``--priority-class``)."""
     port = _free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen([sys.executable, *launcher, "meter", "--upstream",
                              upstream, "--host", "127.0.0.1", "--port", str(port),
-                             "--slo-file", str(slo_file), "--log-level", "warning"],
+                             "--slo-file", str(slo_file), "--log-level", "warning", *flags],
                             env=env, cwd=ROOT)
     url = f"http://127.0.0.1:{port}"
     try:
