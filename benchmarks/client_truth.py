@@ -49,17 +49,24 @@ the client's socket, at least that); ``sent``: the mean less ``written`` only.
 
 Each phase runs against this tree's server and, unless ``--no-read-stamp``, against one
 whose stamps are taken at the read (``http_arrival.connection_lag`` answering None: the
-stamp before ``tcp_received``), a server of its own.
+stamp before ``tcp_received``), a server of its own; and, unless ``--no-meter``, through
+this tree's ``slopilot meter`` (``--priority-class p1``) in front of a server of this
+tree's, where two rows read the same requests: ``meter``, the meter's client-side TTFT
+(``slopilot_client_time_to_first_token_seconds``, stamped at its own arrival, backdated
+by its kernel's wait), and ``behind``, the server's behind it (stamped when the meter
+forwarded: the meter's time and a wait in the meter's kernel are not in it). A stop
+phase there stops both processes, so its requests wait in the meter's kernel.
 
     .venv/bin/python benchmarks/client_truth.py [--rate 12] [--seconds 15] [--runs 3]
         [--logprobs N] [--set KNOB=VALUE] [--ttft-ms 400] [--tbt-ms 40]
         [--parts poisson,kernel] [--burst 120] [--stop-s 1.0] [--stop-requests 8]
-        [--upload-requests 8] [--upload-pause-s 0.5] [--no-read-stamp]
+        [--upload-requests 8] [--upload-pause-s 0.5] [--no-read-stamp] [--no-meter]
 
 Ends with ``RESULT key=value ...``: per endpoint and client, the median relative
-errors (server - client) / client; for the kernel part, per phase and stamp, the median
-relative errors of the server's mean (against the client's, and its on the wire),
-P50 and P90 TTFT (the client's exact, and on the server's edges).
+errors (server - client) / client; for the kernel part, per phase and row (``kernel``,
+``read``, ``meter``, ``behind``), the median relative errors of the server's (the
+meter's) mean (against the client's, from its last byte sent, and on the wire), P50 and
+P90 TTFT (the client's exact, and on the server's edges).
 """
 
 from __future__ import annotations
@@ -76,7 +83,7 @@ import sys
 import tempfile
 import time
 import urllib.parse
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -89,6 +96,7 @@ import openai
 from prometheus_client.parser import text_string_to_metric_families
 
 from slopilot.engine.histogram_quantiles import histogram_quantile, latency_quantile
+from slopilot.engine.meter.client_latency import CLIENT_TTFT
 from slopilot.engine.metric_names import REFUSED
 from slopilot.engine.slo import ClassSLO, SLOSpec
 from slopilot.engine.tcp_received import since_last_data
@@ -97,6 +105,7 @@ from slopilot.engine.verdicts import SLO_REQUESTS
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from loop_truth import percentile, relative_error  # noqa: E402
+from meter_truth import meter  # noqa: E402
 from serving_latency import serve  # noqa: E402
 from stall_process import process_tree, signal_all  # noqa: E402
 
@@ -444,18 +453,19 @@ def spread(n: int, seconds: float) -> list[float]:
     return [seconds * (i + 0.5) / n for i in range(n)]
 
 
-def kernel_compare(records: list[Measured], before: Samples, after: Samples
-                   ) -> dict[str, float]:
-    """A kernel phase's TTFT, the client's and the server's: the mean (the server's
-    histogram's sum over count, exact) and P50/P90 (its buckets' ``histogram_quantile``),
-    with their errors (server - client) / client."""
+def kernel_compare(records: list[Measured], before: Samples, after: Samples,
+                   metric: str = TTFT) -> dict[str, float]:
+    """A kernel phase's TTFT, the client's and the server's (``metric``: the server's
+    histogram, or the meter's ``CLIENT_TTFT``): the mean (the histogram's sum over count,
+    exact) and P50/P90 (its buckets' ``histogram_quantile``), with their errors
+    (server - client) / client."""
     d = {k: v - before.get(k, 0.0) for k, v in after.items()}
     ttfts = [r.ttft for r in records if r.status == "ok"]
-    count = total(d, TTFT + "_count")
+    count = total(d, metric + "_count")
     out: dict[str, float] = {
         "requests": len(records), "ok": len(ttfts), "server_count": count,
         "ttft_mean_client_ms": statistics.fmean(ttfts) * 1e3 if ttfts else math.nan,
-        "ttft_mean_server_ms": total(d, TTFT + "_sum") / count * 1e3 if count else math.nan,
+        "ttft_mean_server_ms": total(d, metric + "_sum") / count * 1e3 if count else math.nan,
         "written_mean_ms": statistics.fmean(r.written for r in records if r.status == "ok")
         * 1e3 if ttfts else math.nan}
     # The client's TTFT on the wire: less what no server can see of it, the client's
@@ -471,7 +481,7 @@ def kernel_compare(records: list[Measured], before: Samples, after: Samples
     # upload phase's, whose read lag is a kernel tick or two at most.
     out["ttft_sent_client_ms"] = out["ttft_mean_client_ms"] - out["written_mean_ms"]
     out["ttft_sent_server_ms"] = out["ttft_mean_server_ms"]
-    hist = buckets(d, TTFT)
+    hist = buckets(d, metric)
     edges = sorted(e for e in hist if not math.isinf(e))
     for q in QUANTILES[:2]:
         key = f"ttft_p{round(q * 100)}"
@@ -511,9 +521,15 @@ def vllm_session(new_connections: bool) -> aiohttp.ClientSession:
         timeout=aiohttp.ClientTimeout(total=120.0), trace_configs=[trace])
 
 
-async def burst(url: str, model: str, n: int, seed: int) -> tuple[Samples, list[Measured]]:
-    """``n`` streams at once, each on a new connection; the scrape before them."""
-    before = await asyncio.to_thread(scrape, url)
+def scrape_all(urls: Sequence[str]) -> list[Samples]:
+    return [scrape(u) for u in urls]
+
+
+async def burst(url: str, model: str, n: int, seed: int, scraped: Sequence[str] = ()
+                ) -> tuple[list[Samples], list[Measured]]:
+    """``n`` streams at once, each on a new connection; the scrapes of ``scraped``
+    before them."""
+    before = await asyncio.to_thread(scrape_all, scraped)
     async with vllm_session(new_connections=True) as session:
         return before, list(await asyncio.gather(*(
             vllm_request(session, url, model, False, p, 48, None, traced=True)
@@ -521,16 +537,17 @@ async def burst(url: str, model: str, n: int, seed: int) -> tuple[Samples, list[
 
 
 async def stopped(url: str, model: str, n: int, stop_s: float, new_connections: bool,
-                  seed: int) -> tuple[Samples, list[Measured]]:
-    """``n`` streams sent evenly over ``stop_s`` while the server's processes are
-    stopped: on new connections (they wait in the accept queue), or on connections kept
-    alive from ``n`` requests before (their bytes wait in the sockets); the scrape
-    before them (after those ``n``)."""
+                  seed: int, scraped: Sequence[str]) -> tuple[list[Samples], list[Measured]]:
+    """``n`` streams sent evenly over ``stop_s`` while the processes this one started
+    (the server, and the meter in front of it) are stopped: on new connections (they
+    wait in the accept queue), or on connections kept alive from ``n`` requests before
+    (their bytes wait in the sockets); the scrapes of ``scraped`` before them (after
+    those ``n``)."""
     async with vllm_session(new_connections) as session:
         if not new_connections:  # n connections open and idle in the pool
             await asyncio.gather(*(vllm_request(session, url, model, False, "warm", 1, None)
                                    for _ in range(n)))
-        before = await asyncio.to_thread(scrape, url)
+        before = await asyncio.to_thread(scrape_all, scraped)
         procs = server_processes()
         tasks: list[asyncio.Task[Measured]] = []
         signal_all(procs, signal.SIGSTOP)
@@ -628,25 +645,26 @@ async def upload_request(url: str, model: str, prompt: str, pause_s: float) -> M
         writer.close()
 
 
-async def upload(url: str, model: str, n: int, pause_s: float, seed: int
-                 ) -> tuple[Samples, list[Measured]]:
-    """``n`` streams at once, each pausing its upload ``pause_s`` mid-body; the scrape
-    before them."""
-    before = await asyncio.to_thread(scrape, url)
+async def upload(url: str, model: str, n: int, pause_s: float, seed: int,
+                 scraped: Sequence[str]) -> tuple[list[Samples], list[Measured]]:
+    """``n`` streams at once, each pausing its upload ``pause_s`` mid-body; the scrapes
+    of ``scraped`` before them."""
+    before = await asyncio.to_thread(scrape_all, scraped)
     return before, list(await asyncio.gather(*(
         upload_request(url, model, p, pause_s) for p in prompts(n, seed))))
 
 
 def kernel_phase(name: str, url: str, model: str, args: argparse.Namespace,
-                 seed: int) -> tuple[Samples, list[Measured]]:
-    """A kernel phase's scrape before its requests, and its requests as measured."""
+                 seed: int, scraped: Sequence[str]) -> tuple[list[Samples], list[Measured]]:
+    """A kernel phase's scrapes of ``scraped`` before its requests (sent to ``url``),
+    and its requests as measured."""
     if name == "burst":
-        return asyncio.run(burst(url, model, args.burst, seed))
+        return asyncio.run(burst(url, model, args.burst, seed, scraped))
     if name == "upload":
         return asyncio.run(upload(url, model, args.upload_requests, args.upload_pause_s,
-                                  seed))
+                                  seed, scraped))
     return asyncio.run(stopped(url, model, args.stop_requests, args.stop_s,
-                               name == "stop_new", seed))
+                               name == "stop_new", seed, scraped))
 
 
 def show_kernel(name: str, f: dict[str, float]) -> None:
@@ -656,27 +674,65 @@ def show_kernel(name: str, f: dict[str, float]) -> None:
           + f" {f['written_mean_ms']:8.1f} {f['read_lag_mean_ms']:8.1f}")
 
 
+@dataclass(frozen=True)
+class Reading:
+    """A TTFT histogram a kernel phase's requests are read from: one row of each
+    phase's (``PHASE_ROW`` in the RESULT keys)."""
+
+    row: str
+    """kernel, read: a server's, its stamp; meter: the meter's client-side histogram;
+    behind: the server's behind the meter."""
+    url: str
+    metric: str
+
+
 def kernel_part(args: argparse.Namespace, knobs: list[str], slo_file: Path,
                 result: dict[str, float]) -> None:
     stamps = STAMPS if args.read_stamp else STAMPS[:1]
     figures: dict[str, list[dict[str, float]]] = {}
-    print(f"\nkernel part, completions, vllm's client; TTFT ms: client, server, "
-          f"(server - client) / client\n{'':32} {'reqs':>4} {'ok':>4} {'server':>6}"
+    print(f"\nkernel part, completions, vllm's client; TTFT ms: client, server (meter "
+          f"rows: the meter), (server - client) / client\n{'':32} {'reqs':>4} {'ok':>4} "
+          f"{'server':>6}"
           + "".join(f" {k.removeprefix('ttft_') + ' client':>17} {'server':>8} {'err':>7}"
                     for k in KERNEL_COLUMNS) + f" {'written':>8} {'read lag':>8}")
     for stamp, launcher in stamps:
         with serve("--executor", "simulated", "--slo", str(slo_file), *knobs,
                    launcher=launcher) as url:
-            model = httpx.get(url + "/v1/models", timeout=30).json()["data"][0]["id"]
-            asyncio.run(burst(url, model, 8, -1))  # warm up
-            for run in range(args.runs):
-                for i, name in enumerate(KERNEL_PHASES):
-                    seed = args.seed * 1000 + 500 + run * len(KERNEL_PHASES) + i
-                    before, records = kernel_phase(name, url, model, args, seed)
-                    f = kernel_compare(records, before, scrape(url))
-                    show_kernel(f"run {run + 1}, {name}, {stamp} stamp", f)
-                    figures.setdefault(f"{name}_{stamp}", []).append(f)
+            kernel_runs(args, url, model_of(url), (Reading(stamp, url, TTFT),), figures)
+    if args.meter:
+        # This tree's meter in front of this tree's server, the client's requests
+        # through it: the meter's TTFT (its stamp, backdated by its kernel's wait)
+        # against the client's, and the server's behind it, which a wait in the meter
+        # precedes (its stamp when the meter forwarded).
+        with serve("--executor", "simulated", "--slo", str(slo_file), *knobs) as url, \
+                meter(url, slo_file, flags=("--priority-class", CLASS)) as metered:
+            kernel_runs(args, metered.url, model_of(url),
+                        (Reading("meter", metered.url, CLIENT_TTFT),
+                         Reading("behind", url, TTFT)), figures)
     result |= medians(figures, KERNEL_REPORTED, args.runs, width=19)
+
+
+def model_of(url: str) -> str:
+    model: str = httpx.get(url + "/v1/models", timeout=30).json()["data"][0]["id"]
+    return model
+
+
+def kernel_runs(args: argparse.Namespace, url: str, model: str,
+                readings: Sequence[Reading], figures: dict[str, list[dict[str, float]]]
+                ) -> None:
+    """Every kernel phase ``--runs`` times, its requests sent to ``url``, each of
+    ``readings`` its row (``figures[PHASE_ROW]``, a run each)."""
+    scraped = [r.url for r in readings]
+    asyncio.run(burst(url, model, 8, -1))  # warm up
+    for run in range(args.runs):
+        for i, name in enumerate(KERNEL_PHASES):
+            seed = args.seed * 1000 + 500 + run * len(KERNEL_PHASES) + i
+            befores, records = kernel_phase(name, url, model, args, seed, scraped)
+            afters = scrape_all(scraped)
+            for reading, before, after in zip(readings, befores, afters, strict=True):
+                f = kernel_compare(records, before, after, reading.metric)
+                show_kernel(f"run {run + 1}, {name}, {reading.row}", f)
+                figures.setdefault(f"{name}_{reading.row}", []).append(f)
 
 
 def medians(figures: dict[str, list[dict[str, float]]], reported: tuple[str, ...],
@@ -733,6 +789,8 @@ def main() -> int:
                     help="the kernel part's pause in each upload, client side")
     ap.add_argument("--no-read-stamp", dest="read_stamp", action="store_false",
                     help="skip the kernel part's server stamping at the read")
+    ap.add_argument("--no-meter", dest="meter", action="store_false",
+                    help="skip the kernel part's meter in front of a server")
     args = ap.parse_args()
     parts = set(args.parts.split(","))
     if not parts or not parts <= {"poisson", "kernel"}:

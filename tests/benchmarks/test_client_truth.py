@@ -4,6 +4,7 @@ usage's tokens), its SSE splitting, and the comparison with a scrape."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import sys
@@ -193,3 +194,59 @@ def test_an_uploads_read_lag_is_its_first_body_reads_even_when_zero() -> None:
 
 def test_an_uploads_read_lag_the_kernel_never_told_is_unknown() -> None:
     assert math.isnan(_response_reads([None, None, None, None]).read_lag)
+
+
+def _ttft_series(metric: str, total_s: float, count: float,
+                 labels: tuple[tuple[str, str], ...] = ()) -> ct.Samples:
+    cls = (*labels, ("priority_class", ct.CLASS))
+    return {(f"{metric}_sum", cls): total_s, (f"{metric}_count", cls): count,
+            (f"{metric}_bucket", (*cls, ("le", "1.0"))): count,
+            (f"{metric}_bucket", (*cls, ("le", "+Inf"))): count}
+
+
+def test_kernel_compare_reads_the_meters_client_side_ttft_where_asked() -> None:
+    """The meter's ``slopilot_client_*`` histogram (its model_name label summed over),
+    not the server's series beside it in the same samples."""
+    model = (("model_name", "m"),)
+    after = (_ttft_series(ct.CLIENT_TTFT, 1.2, 2.0, model)
+             | _ttft_series(ct.TTFT, 0.2, 2.0))
+    records = [ct.Measured(status="ok", ttft=0.6), ct.Measured(status="ok", ttft=0.6)]
+    meter = ct.kernel_compare(records, {}, after, ct.CLIENT_TTFT)
+    assert meter["server_count"] == 2
+    assert meter["ttft_mean_server_ms"] == pytest.approx(600)
+    assert meter["ttft_mean_err"] == pytest.approx(0.0)
+    assert ct.kernel_compare(records, {}, after)["ttft_mean_server_ms"] == pytest.approx(100)
+
+
+def test_kernel_runs_gives_each_reading_its_row_from_its_own_scrapes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A phase's requests, sent once, set against every reading: the meter's histogram
+    from the meter's scrapes and the server's behind it from the server's, each row
+    its ``PHASE_ROW`` and a run each."""
+    scrapes = {"meter": [_ttft_series(ct.CLIENT_TTFT, 0.0, 0.0),
+                         _ttft_series(ct.CLIENT_TTFT, 1.0, 2.0)],
+               "server": [_ttft_series(ct.TTFT, 0.0, 0.0), _ttft_series(ct.TTFT, 0.4, 2.0)]}
+    sent: list[tuple[str, str]] = []
+
+    def phase(name: str, url: str, model: str, args: object, seed: int,
+              scraped: list[str]) -> tuple[list[ct.Samples], list[ct.Measured]]:
+        sent.append((name, url))
+        return ([scrapes[u][0] for u in scraped],
+                [ct.Measured(status="ok", ttft=0.5, written=0.0)] * 2)
+
+    async def warm(*_: object) -> None:
+        sent.append(("warm", ""))
+
+    monkeypatch.setattr(ct, "kernel_phase", phase)
+    monkeypatch.setattr(ct, "burst", warm)
+    monkeypatch.setattr(ct, "scrape_all", lambda urls: [scrapes[u][1] for u in urls])
+    figures: dict[str, list[dict[str, float]]] = {}
+    args = argparse.Namespace(runs=2, seed=1)
+    ct.kernel_runs(args, "meter", "m", (ct.Reading("meter", "meter", ct.CLIENT_TTFT),
+                                        ct.Reading("behind", "server", ct.TTFT)), figures)
+    assert sent[0] == ("warm", "")
+    assert sent[1:] == [(name, "meter") for name in ct.KERNEL_PHASES] * 2
+    assert set(figures) == {f"{n}_{r}" for n in ct.KERNEL_PHASES for r in ("meter", "behind")}
+    assert all(len(runs) == 2 for runs in figures.values())
+    assert figures["burst_meter"][0]["ttft_mean_err"] == pytest.approx(0.0)
+    assert figures["burst_behind"][0]["ttft_mean_server_ms"] == pytest.approx(200)
