@@ -775,8 +775,8 @@ def main() -> int:
                     help="the SLO's TBT target, both sides judge by it")
     ap.add_argument("--parts", default="poisson,kernel",
                     help="poisson (each client and endpoint under Poisson load, ~4-12 "
-                    "min), kernel (the kernel's wait: a burst, a stopped server, a paused upload, "
-                    "~1 min)")
+                    "min), kernel (the kernel's wait: a burst, a stopped server, a paused upload; "
+                    "the servers, then the meter in front of one, ~2.5 min)")
     ap.add_argument("--burst", type=int, default=120,
                     help="the kernel part's streams opened at once, each its connection")
     ap.add_argument("--stop-s", type=float, default=1.0,
