@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pytest
@@ -11,7 +13,7 @@ import pytest
 from slopilot.tuner.study.live import ResumableTuner
 from slopilot.tuner.study.space import SearchSpace
 from slopilot.tuner.study.space_fit import conflicts, fingerprint, space_distributions
-from slopilot.tuner.study.storage import open_study
+from slopilot.tuner.study.storage import StudyStorageError, open_study
 from slopilot.tuner.study.study_family import (
     LeftTrial,
     base_of,
@@ -20,6 +22,7 @@ from slopilot.tuner.study.study_family import (
     in_family,
     open_for_space,
     successor_name,
+    told_failed,
 )
 from slopilot.tuner.study.study_target import StudyTarget
 
@@ -278,3 +281,52 @@ def test_a_state_that_names_no_study_or_config_fails_none_of_two_candidates(
     running_zeros(storage, vllm)
     assert fail_left_trial(storage, "ns/chat/u1", vllm, LeftTrial(0), "switch") is None
     assert all(s == ["RUNNING"] for s in states(storage).values())
+
+
+def stale_running(storage: str, db: Path, name: str, number_of_trials: int) -> int:
+    """``name`` with trials 0.. told failed with a reason (``done``), the last left
+    RUNNING with its last heartbeat in 2000: stale, and no opener has failed it yet. Its
+    number."""
+    tuner = ResumableTuner(open_study(storage, name), SearchSpace.from_bounds({}))
+    for _ in range(number_of_trials - 1):
+        tuner.tell_failed(tuner.ask()[0], "done")
+    number, _ = tuner.ask()
+    tuner.close()  # its heartbeat stops; the trial stays RUNNING
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE trial_heartbeats SET heartbeat = '2000-01-01 00:00:00'")
+    return number
+
+
+def test_told_failed_reads_one_trial_and_fails_no_stale_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The operator's question is a few lookups of the one trial: it loads no study's
+    trials (a study of hundreds, at each unverified stamp) and, no opener of the study,
+    fails none of its stale trials as a side effect (that is the loop's to do, and its
+    ``fail_reason``-less FAIL is not this question's business)."""
+    db = tmp_path / "s.db"
+    storage = f"sqlite:///{db}"
+    running = stale_running(storage, db, "ns/chat/u1", 30)
+    built: list[int] = []  # a FrozenTrial per trial the storage loads
+    init = optuna.trial.FrozenTrial.__init__
+
+    def counted(self: optuna.trial.FrozenTrial, *args: Any, **kwargs: Any) -> None:
+        built.append(1)
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(optuna.trial.FrozenTrial, "__init__", counted)
+    assert told_failed(storage, "ns/chat/u1", 3) == "done"
+    assert told_failed(storage, "ns/chat/u1", running) is None
+    assert told_failed(storage, "ns/chat/u1", running + 1) is None  # not there
+    assert told_failed(storage, "ns/chat/u2", 0) is None  # no such study
+    assert told_failed(f"sqlite:///{tmp_path / 'none.db'}", "ns/chat/u1", 0) is None
+    assert not (tmp_path / "none.db").exists()  # not created for the question
+    assert len(built) <= 2  # the two trials there, one each
+    with sqlite3.connect(db) as conn:
+        (state,), = conn.execute("SELECT state FROM trials WHERE number = ?", (running,))
+    assert state == "RUNNING"
+
+
+def test_told_failed_in_an_unreachable_storage_is_a_storage_error() -> None:
+    with pytest.raises(StudyStorageError, match=r"u:\*\*\*@127\.0\.0\.1:1") as raised:
+        told_failed("postgresql://u:secret@127.0.0.1:1/db", "a", 0)
+    assert "secret" not in str(raised.value)

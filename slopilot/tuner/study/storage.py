@@ -125,6 +125,32 @@ def study_names(storage: str) -> list[str]:
                                 ) from None
 
 
+def stored_trial(storage: str, name: str, number: int) -> optuna.trial.FrozenTrial | None:
+    """Trial ``number`` of study ``name`` in ``storage`` (a database URL), as stored; None
+    where either is not there. Three lookups of the one trial, whatever the study holds:
+    the study is not opened, so none of its trials is loaded and none failed as stale
+    (an open's side effect, its opener's to have). A SQLite file that does not exist is
+    not created for the question. StudyStorageError where the storage cannot be read."""
+    if _absent_sqlite(storage):
+        return None
+    store = _storage(storage, HEARTBEAT_S, GRACE_S)
+    try:
+        try:
+            study_id = store.get_study_id_from_name(name)
+            trial_id = store.get_trial_id_from_study_id_trial_number(study_id, number)
+        except KeyError:  # Optuna's "no such study" and "no such trial"
+            return None
+        return store.get_trial(trial_id)
+    except Exception as exc:  # SQLAlchemy's many kinds: the database went away, or
+        # the server cut a read held past its statement timeout (heartbeat.py)
+        text = str(exc).strip()
+        if exc.__cause__ is not None:  # Optuna's StorageInternalError hides the driver's
+            text += f" ({str(exc.__cause__).splitlines()[0]})"
+        raise StudyStorageError(f"cannot read trial {number} of study {name!r} in "
+                                f"{shown(storage)}: {type(exc).__name__}: "
+                                f"{redacted(text, storage)}") from None
+
+
 def delete_named_study(storage: str, name: str) -> bool:
     """Delete the study ``name``, with every trial, from ``storage`` (a database URL);
     False where it is not there. A SQLite file that does not exist holds no study: it is

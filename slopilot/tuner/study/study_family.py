@@ -41,7 +41,13 @@ from slopilot.tuner.study.space_fit import (
     fingerprint,
     space_distributions,
 )
-from slopilot.tuner.study.storage import delete_named_study, open_study, storage_of, study_names
+from slopilot.tuner.study.storage import (
+    delete_named_study,
+    open_study,
+    storage_of,
+    stored_trial,
+    study_names,
+)
 from slopilot.tuner.study.study_target import StudyTarget
 
 SUCCESSOR_MARK = "/space-"
@@ -197,15 +203,14 @@ def fail_left_trial(storage: str, base: str, target: StudyTarget, left: LeftTria
 def told_failed(storage: str, name: str, number: int) -> str | None:
     """The ``fail_reason`` of trial ``number`` of study ``name`` where it was told
     failed with one (an end the operator gave it); None where it runs, completed, was
-    failed as stale (no reason), or is not there. StudyStorageError where the storage
-    cannot be reached."""
-    if name not in study_names(storage):
+    failed as stale (no reason), or is not there. Lookups of the one trial
+    (``stored_trial``): no trial of the study loaded, none failed as stale by the
+    question. StudyStorageError where the storage cannot be reached."""
+    trial = stored_trial(storage, name, number)
+    if trial is None or trial.state is not TrialState.FAIL:
         return None
-    for t in open_study(storage, name).get_trials(deepcopy=False,
-                                                  states=(TrialState.FAIL,)):
-        if t.number == number and isinstance(t.user_attrs.get("fail_reason"), str):
-            return str(t.user_attrs["fail_reason"])
-    return None
+    reason = trial.user_attrs.get("fail_reason")
+    return reason if isinstance(reason, str) else None
 
 
 def _running(study: optuna.Study, left: LeftTrial) -> bool:
