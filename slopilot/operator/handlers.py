@@ -229,8 +229,8 @@ DAEMON_END_GIVE_UP_S = 120.0
 across restarts) a daemon's end may take before the study is deleted beside it. kopf
 cancels a daemon that has not stopped after 15 s and lets it go 10 s later, but its
 end is shielded and goes on after a step stuck on its thread (a storage query waiting
-on a lock: the heartbeat sets only a connect timeout); waited for without a bound, the
-CR stayed Terminating for ever."""
+on a lock, until the server's statement timeout cuts it: ``heartbeat.STATEMENT_TIMEOUT_S``,
+under this bound); waited for without a bound, the CR stayed Terminating for ever."""
 
 
 DAEMON_END_RETRY_S = 20.0

@@ -34,6 +34,17 @@ CONNECT_TIMEOUT_S = 10
 server that accepts and says nothing for as long as it stays so, and for an unreachable
 one the kernel's SYN retries (about 2 minutes): the caller's thread was held that long,
 one of kopf's handler threads for a study deleted with tuning off."""
+STATEMENT_TIMEOUT_S = 60
+"""How long the PostgreSQL server lets one statement of a storage run before it cancels
+it (libpq's ``statement_timeout``, lock waits included). The connect timeout ends only
+a connection not made: a server that accepts and then holds a query (a lock another
+session keeps open, a hung backend) held the caller's thread for as long as it did, a
+tuning daemon's step, one of kopf's handler threads, or one of the 4 workers every CR's
+"was this trial told failed" shares (``failed_trials.py``). A study's statements take
+milliseconds (its whole trials a second at most, a deleted study's cascade a few): a
+minute is far past any that makes progress, and under the 2 minutes the deletion
+handler waits for a daemon's end (``handlers.DAEMON_END_GIVE_UP_S``), so a daemon's
+step held by a lock ends, with an error, before its study is deleted beside it."""
 
 
 def check_heartbeat(heartbeat_s: int, grace_s: int) -> None:
@@ -49,17 +60,31 @@ def check_heartbeat(heartbeat_s: int, grace_s: int) -> None:
 
 
 def rdb_storage(url: str, heartbeat_s: int, grace_s: int, *,
-                connect_timeout_s: int = CONNECT_TIMEOUT_S) -> RDBStorage:
+                connect_timeout_s: int = CONNECT_TIMEOUT_S,
+                statement_timeout_s: int = STATEMENT_TIMEOUT_S) -> RDBStorage:
     """An RDB storage with heartbeats every ``heartbeat_s``, stale after ``grace_s``; a
-    PostgreSQL one gives up a connection not made within ``connect_timeout_s``."""
+    PostgreSQL one gives up a connection not made within ``connect_timeout_s`` and has
+    the server cancel a statement past ``statement_timeout_s`` (SQLite has neither: a
+    local file, no server to hold a query)."""
     check_heartbeat(heartbeat_s, grace_s)
     if isinstance(connect_timeout_s, bool) or not isinstance(connect_timeout_s, int) \
             or connect_timeout_s < 2:
         raise ValueError(f"connect_timeout_s={connect_timeout_s!r}: expected whole seconds "
                          f">= 2 (libpq's least), e.g. {CONNECT_TIMEOUT_S}")
+    if isinstance(statement_timeout_s, bool) or not isinstance(statement_timeout_s, int) \
+            or statement_timeout_s < 1:
+        raise ValueError(f"statement_timeout_s={statement_timeout_s!r}: expected whole "
+                         f"seconds >= 1, e.g. {STATEMENT_TIMEOUT_S}")
     engine: dict[str, Any] = {}
-    if make_url(url).get_backend_name() == "postgresql":
-        engine["connect_args"] = {"connect_timeout": connect_timeout_s}
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "postgresql":
+        # connect_args replace the URL's own ``options``: those go after ours, so a URL
+        # that sets its own statement_timeout keeps it (the last -c wins).
+        options = f"-c statement_timeout={statement_timeout_s * 1000}"
+        own = parsed.query.get("options")
+        for part in (own,) if isinstance(own, str) else own or ():
+            options += f" {part}"
+        engine["connect_args"] = {"connect_timeout": connect_timeout_s, "options": options}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ExperimentalWarning)
         return RDBStorage(url, engine_kwargs=engine, heartbeat_interval=heartbeat_s,
