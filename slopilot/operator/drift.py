@@ -9,7 +9,9 @@ meaning changes, so the events of a busy deployment cost no status writes.
   ``lastTransitionTime`` does not move);
 - something that could not be (the API server failed the write; an object of the name
   is not the CR's; it refused the CR's own owner reference put right, the rest of the
-  object repaired): ``False``, ``DriftNotRepaired``, which object and why. Its
+  object repaired; what to render waits on the study's answer whether the trial on
+  record was told failed, ``vllm_take_back.RenderDeferred``, nothing applied):
+  ``False``, ``DriftNotRepaired``, which object and why. Its
   ``lastTransitionTime`` is when the repair first failed; the same failure found again
   is not written again. A timer looks again (``RETRY_S``) while it is so;
 - nothing to do: no write, unless the condition says ``False`` (then ``True``,
@@ -37,6 +39,7 @@ from slopilot.operator.kubeapi import ApiError, Kube
 from slopilot.operator.loop_status import tuning_enabled
 from slopilot.operator.reconcile import RETRY_NAME_TAKEN_S, Change, Outcome, WriteFailed
 from slopilot.operator.status_writer import write_status
+from slopilot.operator.vllm_take_back import RenderDeferred
 
 RETRY_S = RETRY_NAME_TAKEN_S
 """How soon a repair that could not be done is tried again: no event of an object the
@@ -62,11 +65,16 @@ def not_repaired_message(why: str) -> str:
     return f"{why}; the operator tries again every {RETRY_S:g} s"
 
 
-def drift_condition(current: Mapping[str, Any] | None, found: Outcome | ApiError,
+def drift_condition(current: Mapping[str, Any] | None,
+                    found: Outcome | ApiError | RenderDeferred,
                     generation: int | None) -> dict[str, Any] | None:
-    """The Reconciled condition after a repair that ``found`` this (its outcome, or the
-    API error it stopped on); None where the condition already says so."""
-    if isinstance(found, ApiError):
+    """The Reconciled condition after a repair that ``found`` this (its outcome, the API
+    error it stopped on, or its deferral); None where the condition already says so."""
+    if isinstance(found, RenderDeferred):
+        new = condition(ConditionType.RECONCILED, False, DriftReason.NOT_REPAIRED,
+                        not_repaired_message(f"the owned objects not repaired: {found}"),
+                        generation)
+    elif isinstance(found, ApiError):
         what = found.what if isinstance(found, WriteFailed) else "the owned objects"
         new = condition(ConditionType.RECONCILED, False, DriftReason.NOT_REPAIRED,
                         not_repaired_message(f"{what} not repaired: {found}"), generation)
@@ -95,7 +103,8 @@ def drift_condition(current: Mapping[str, Any] | None, found: Outcome | ApiError
 
 
 def record_repair(kube: Kube, namespace: str, name: str, uid: str,
-                  found: Outcome | ApiError, *, ready: int | None = None) -> None:
+                  found: Outcome | ApiError | RenderDeferred, *,
+                  ready: int | None = None) -> None:
     """Write the repair's Reconciled condition where it changes, on the CR of ``uid``
     only (a successor of the name is not this repair's); and ``ready`` (the replicas
     that serve, read where tuning is off) as ``status.readyReplicas`` where it changed."""

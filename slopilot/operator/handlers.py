@@ -65,6 +65,7 @@ from slopilot.operator.disruption_budget import (
 from slopilot.operator.drift import RETRY_S as DRIFT_RETRY_S
 from slopilot.operator.drift import record_repair, unrepaired
 from slopilot.operator.drift_repairs import DriftRepairs
+from slopilot.operator.failed_trials import DEFERRED_RETRY_S
 from slopilot.operator.kubeapi import ApiError, Kube, load_client
 from slopilot.operator.loop_status import tuning_enabled
 from slopilot.operator.owned_meta import MANAGED
@@ -81,6 +82,7 @@ from slopilot.operator.tokens import load_or_create
 from slopilot.operator.tuning_daemon import OPERATOR_STOPPING
 from slopilot.operator.tuning_pool import TuningPool
 from slopilot.operator.validation import DNS_1123_SUBDOMAIN
+from slopilot.operator.vllm_take_back import RenderDeferred
 
 # The owned kinds whose events repair drift, as kopf's decorators name them. kopf serves
 # a kind only where the cluster does (its discovery, watched as CRDs come and go): without
@@ -196,10 +198,16 @@ async def reconcile_llmdeployment(body: kopf.Body, memo: kopf.Memo, logger: kopf
 
 def reconcile_spec(body: Mapping[str, Any], memo: kopf.Memo, logger: kopf.Logger) -> None:
     """Reconcile the CR's objects to its spec and write what the reconcile owns of its
-    status; kopf calls it again after ``retry_s`` where a name is taken."""
+    status; kopf calls it again after ``retry_s`` where a name is taken, and after
+    ``DEFERRED_RETRY_S`` where what to render waits on a study's answer (nothing applied
+    nor written: ``vllm_take_back.RenderDeferred``)."""
     namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
     with memo.locks.hold(key_of(body)):
-        outcome = reconcile(memo.kube, body, policy=memo.policy, mint=memo.tokens)
+        try:
+            outcome = reconcile(memo.kube, body, policy=memo.policy, mint=memo.tokens,
+                                defer_unanswered=True)
+        except RenderDeferred as exc:  # nothing applied, nor its status: asked again
+            raise kopf.TemporaryError(str(exc), delay=DEFERRED_RETRY_S) from None
         ready = untuned_ready(memo.kube, body)
         write_status(memo.kube, namespace, name,
                      lambda fresh: status_of(fresh, outcome, ready))
@@ -348,11 +356,12 @@ def repair(cr: Mapping[str, Any], memo: kopf.Memo, logger: kopf.Logger) -> None:
     something could not be (drift.py). An API error is reported, not raised: kopf retries
     no event handler, and the condition's timer looks again."""
     meta = cr["metadata"]
-    found: Outcome | ApiError
+    found: Outcome | ApiError | RenderDeferred
     with memo.locks.hold(key_of(cr)):
         try:
-            found = reconcile(memo.kube, cr, policy=memo.policy, mint=memo.tokens)
-        except ApiError as exc:
+            found = reconcile(memo.kube, cr, policy=memo.policy, mint=memo.tokens,
+                              defer_unanswered=True)
+        except (ApiError, RenderDeferred) as exc:  # the timer looks again (drift.py)
             found = exc
             logger.warning("drift of %s not repaired: %s", meta["name"], exc)
         # Under the lock: a spec reconcile's condition, written after, is the last word.

@@ -442,11 +442,13 @@ def not_reconciled(kube: Kube, body: Mapping[str, Any], spec: LLMDeploymentSpec
 
 
 def reconcile(kube: Kube, body: Mapping[str, Any], *, policy: OperatorPolicy,
-              mint: TokenMint) -> Outcome:
-    """Parse, check, render and apply; a refused spec touches nothing and says why."""
+              mint: TokenMint, defer_unanswered: bool = False) -> Outcome:
+    """Parse, check, render and apply; a refused spec touches nothing and says why.
+    With ``defer_unanswered`` (kopf's handlers), RenderDeferred with nothing applied
+    where what to render waits on the study's answer (vllm_take_back.rendered_body)."""
     # A trial's record the operator took off a vLLM Deployment, and could not replace
     # (the status took no write), is not rendered again (vllm_take_back.py).
-    body = rendered_body(kube, body, mint, policy)
+    body = rendered_body(kube, body, mint, policy, defer_unanswered=defer_unanswered)
     try:
         spec = parse_spec(body)
     except SpecError as exc:

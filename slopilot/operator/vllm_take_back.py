@@ -39,8 +39,10 @@ arguments until its loop's first step takes them off again (a rollout each way).
 question is a read of the study, and the stamp is the tenant's to write: it is asked
 only where the Deployment's arguments are not the record's already (a stamp forged
 mid-trial, or left by an earlier trial's take-back, changes nothing there), and its
-answer is kept (``failed_trials.py``: a yes for good, a no for a minute, a read past
-its deadline a no), so no tenant has each reconcile read a database. A
+answer is kept (``failed_trials.py``: a yes for good, a no for a minute), so no tenant
+has each reconcile read a database. A read past its deadline defers a handler's
+reconcile (``RenderDeferred``: nothing applied, tried again) rather than render the
+trial's arguments back, for at most ``failed_trials.UNANSWERED_DEFER_S``. A
 stamp removed or edited while the status still takes no write is put back by the loop
 at its next step (``DeploymentLoop._keep_taken_back``), with the trial's arguments taken
 off again where a repair rendered them meanwhile.
@@ -71,7 +73,12 @@ from slopilot.operator.engine_deployment import (
     vllm_checksum,
     with_vllm_knobs,
 )
-from slopilot.operator.failed_trials import FAILED_TRIALS, FailedTrials
+from slopilot.operator.failed_trials import (
+    FAILED_TRIALS,
+    READ_DEADLINE_S,
+    UNANSWERED_DEFER_S,
+    FailedTrials,
+)
 from slopilot.operator.knobs import committed_body, trial_recorded
 from slopilot.operator.kubeapi import ApiError, Kube
 from slopilot.operator.ownership import controlled_by
@@ -182,9 +189,15 @@ def stamp_found(kube: Kube, namespace: str, name: str, uid: str) -> bool:
     return TAKEN_BACK_ANNOTATION in ((dep.get("metadata") or {}).get("annotations") or {})
 
 
+class RenderDeferred(Exception):
+    """The reconcile cannot tell yet what to render: whether the trial on record was told
+    failed is not answered within its deadline (``failed_trials.py``). Nothing is
+    applied; the caller tries again (a drift repair's timer, the spec handler's retry)."""
+
+
 def rendered_body(kube: Kube, body: Mapping[str, Any], mint: TokenMint,
-                  policy: OperatorPolicy, answers: FailedTrials | None = None
-                  ) -> Mapping[str, Any]:
+                  policy: OperatorPolicy, answers: FailedTrials | None = None, *,
+                  defer_unanswered: bool = False) -> Mapping[str, Any]:
     """``body`` as the reconcile renders it: where its ``status.tunedConfig`` records a
     trial whose arguments the operator took off the Deployment under this very status
     (its stamp, verified with ``mint``'s key), with that record reduced to its committed
@@ -196,8 +209,12 @@ def rendered_body(kube: Kube, body: Mapping[str, Any], mint: TokenMint,
     again (two rollouts). The study is asked only where the Deployment's arguments are
     not the record's already (a stamp on pods that run the trial changes nothing: a
     tenant's, or one left by an earlier trial), and through ``answers`` (the process's,
-    ``failed_trials.FAILED_TRIALS``, by default): a yes kept, a no kept for a minute, a
-    read that does not answer within its deadline counted as no."""
+    ``failed_trials.FAILED_TRIALS``, by default): a yes kept, a no kept for a minute. A
+    read that does not answer within its deadline is not known: with
+    ``defer_unanswered`` (the kopf handlers' reconciles) RenderDeferred, nothing
+    applied until it answers or its bound passes (``failed_trials.UNANSWERED_DEFER_S``,
+    a no then); without it (the loop's own writes, which render what they just
+    recorded) counted as no."""
     if not trial_recorded(body):
         return body
     meta = body["metadata"]
@@ -214,8 +231,18 @@ def rendered_body(kube: Kube, body: Mapping[str, Any], mint: TokenMint,
         # Here, not at the top: trial_ends -> daemon -> kube_handle imports this module.
         from slopilot.operator.trial_ends import failed_in_study, trial_on_record
         trial = trial_on_record(body, policy)
+        if trial is None:
+            return body
         asked = answers if answers is not None else FAILED_TRIALS
-        if trial is None or not asked.failed(trial, lambda: failed_in_study(trial)):
+        failed = asked.failed(trial, lambda: failed_in_study(trial))
+        if failed is None and defer_unanswered:
+            raise RenderDeferred(
+                f"{meta['name']}: whether trial {trial.number} of study {trial.study!r} "
+                "was told failed is not answered yet (its storage has not answered "
+                f"within {READ_DEADLINE_S:g} s): Deployment/{meta['name']} is left as "
+                "it is until it is, its arguments rendered as recorded after "
+                f"{UNANSWERED_DEFER_S:g} s without an answer")
+        if not failed:
             return body
     return committed_body(body)
 

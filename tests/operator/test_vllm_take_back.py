@@ -12,14 +12,18 @@ deployment_loop.py)."""
 
 from __future__ import annotations
 
+import logging
 import secrets
 import shutil
+import threading
 from pathlib import Path
 from typing import Any
 
+import kopf
 import pytest
 
-from slopilot.operator import vllm_take_back
+from slopilot.operator import handlers, vllm_take_back
+from slopilot.operator.cr_locks import LockTable
 from slopilot.operator.crd import crd_manifest
 from slopilot.operator.deployment_loop import STATUS_GIVE_UP_S, DeploymentLoop
 from slopilot.operator.pod_admin import ApplyError
@@ -35,6 +39,7 @@ from tests.operator.test_status_unwritable import Webhook, _loop
 from tests.operator.test_tuned_config_belongs import arg, vllm_args
 from tests.operator.test_unbuilt_trial import _on_clock
 from tests.support.kube_server import RunningEmulator
+from tests.support.waits import wait_for
 
 KNOB_FLAGS = ("--max-num-batched-tokens", "--long-prefill-token-threshold",
               "--max-num-seqs", "--block-size")
@@ -427,6 +432,97 @@ def test_a_repair_before_a_restarted_loops_first_step_under_a_new_key_rolls_noth
     assert knob_args(cluster) == before
     repaired_with(cluster, policy, check)
     assert knob_args(cluster) == before
+
+
+def _held_reads(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """Every read of a trial's failure in its study held until the event is set: a
+    storage slower than the reconcile's deadline (``failed_trials.READ_DEADLINE_S``)."""
+    from slopilot.operator import trial_ends
+    release = threading.Event()
+    real = trial_ends.told_failed
+
+    def held(storage: str, name: str, number: int) -> str | None:
+        release.wait()
+        return real(storage, name, number)
+
+    monkeypatch.setattr(trial_ends, "told_failed", held)
+    return release
+
+
+def _slow_study_after_a_rotated_restart(
+        kube: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, clock: list[float]
+        ) -> tuple[dict[str, str], kopf.Memo, threading.Event]:
+    """A trial taken back, the operator restarted under a new key (the stamp no longer
+    verifies) and its study's reads held past the deadline: the episode's arguments, the
+    restarted operator's handler memo, and the event that lets the reads answer."""
+    from slopilot.operator.failed_trials import FailedTrials
+    body, policy = vllm_cr(kube, cluster, prom, tmp_path)
+    hook, now = Webhook(cluster.kube), [1_000_000.0]
+    loop = _loop(cluster, body, policy, hook, monkeypatch, now)
+    before = taken_back(loop, cluster, hook, now)
+    _restarted(cluster, body, policy, hook, monkeypatch, now, loop, rotate=True)
+    monkeypatch.setattr(vllm_take_back, "FAILED_TRIALS",
+                        FailedTrials(lambda: clock[0], deadline_s=0.01))
+    monkeypatch.setattr(handlers, "post_events", lambda *a, **kw: None)
+    memo = kopf.Memo(kube=cluster.kube, locks=LockTable(), policy=policy,
+                     tokens=operator_mint(cluster))
+    return before, memo, _held_reads(monkeypatch)
+
+
+def test_a_repair_whose_study_read_is_past_its_deadline_waits_for_its_answer(
+        kube: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The restarted operator's first repair and its resume's reconcile come while the
+    study's read has not answered within its deadline: each leaves the Deployment as it
+    is (the drift repair says so in ``Reconciled``, its timer looks again; the spec
+    handler is retried) rather than render the trial's record, its arguments rolled back
+    onto the pods until the loop's first step took them off again. Once the read has
+    answered (the trial told failed), a repair renders the committed config: no
+    rollout at all."""
+    from slopilot.operator.failed_trials import DEFERRED_RETRY_S
+    log, clock = logging.getLogger("test"), [0.0]
+    before, memo, release = _slow_study_after_a_rotated_restart(
+        kube, cluster, prom, monkeypatch, tmp_path, clock)
+    handlers.repair(cluster.get(), memo, log)
+    assert knob_args(cluster) == before  # not the trial's
+    said = cluster.condition("Reconciled")
+    assert said is not None and said["status"] == "False", said
+    assert said["reason"] == "DriftNotRepaired" and "told failed" in said["message"], said
+    with pytest.raises(kopf.TemporaryError) as retry:
+        handlers.reconcile_spec(body=cluster.get(), memo=memo, logger=log)
+    assert retry.value.delay == DEFERRED_RETRY_S
+    assert knob_args(cluster) == before
+    release.set()
+    wait_for(lambda: not any(t.name == "failed-trials" for t in threading.enumerate()),
+             "the study's read to answer")
+    handlers.repair(cluster.get(), memo, log)
+    assert knob_args(cluster) == before
+    said = cluster.condition("Reconciled")
+    assert said is not None and said["status"] == "True", said
+
+
+def test_a_study_that_never_answers_defers_a_repair_for_a_bounded_while(
+        kube: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A storage that holds every read blocks no repair for good: past
+    ``UNANSWERED_DEFER_S`` on the answers' clock the question counts as no, and the
+    repair renders the status as recorded (the trial's arguments, which the loop's
+    first step takes off again), the CR's other objects repaired with it."""
+    from slopilot.operator.failed_trials import UNANSWERED_DEFER_S
+    log, clock = logging.getLogger("test"), [0.0]
+    before, memo, release = _slow_study_after_a_rotated_restart(
+        kube, cluster, prom, monkeypatch, tmp_path, clock)
+    try:
+        handlers.repair(cluster.get(), memo, log)
+        assert knob_args(cluster) == before
+        clock[0] += UNANSWERED_DEFER_S
+        handlers.repair(cluster.get(), memo, log)
+        assert knob_args(cluster) != before  # rendered as recorded
+        said = cluster.condition("Reconciled")
+        assert said is not None and said["status"] == "True", said
+    finally:
+        release.set()
 
 
 def _counted_reads(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
