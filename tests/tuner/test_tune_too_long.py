@@ -161,3 +161,23 @@ def test_simulate_warns_when_most_requests_are_too_long(
     json.loads(captured.out)  # stdout stays one JSON object
     assert ("slopilot simulate: warning: 90 of 100 requests (90%) exceed llama-3-8b's "
             "8,192-token context") in captured.err, captured.err
+
+
+def test_replicas_found_for_the_requests_that_fit_are_said_of_them(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # A third too long, accepted: the capacity answer's "3 replicas hold the SLO in every
+    # window" was left bare (the rewrite looked for "holds the SLO in every window" only),
+    # a count for the whole trace where a third of it is turned away.
+    trace = tmp_path / "mix.csv"
+    trace.write_text("arrival_time,prompt_tokens,output_tokens\n" + "".join(
+        f"{i * 0.02:.2f},{9_000 if i % 3 == 0 else 2_000},50\n" for i in range(300)))
+    assert main(["tune", "--trace", str(trace), "--trials", "1", "--quiet", "--json",
+                 "--max-too-long", "0.5"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    verdict = out["verdict"]
+    n = out["recommended_replicas"]
+    assert out["holds"] is True and n is not None and n > 1, verdict
+    assert verdict.startswith("100 of 300 requests (33%) exceed"), verdict
+    assert "hold the SLO in every window" not in verdict, verdict
+    assert (f"{n} replicas hold the SLO on the 200 requests that fit, in every window"
+            in verdict), verdict

@@ -187,10 +187,14 @@ def violations(result: TrialResult, slo: SLOSpec) -> list[Violation]:
     return sorted(out, key=lambda v: v.measured / v.limit, reverse=True)
 
 
-def infeasible_sentence(result: TrialResult, slo: SLOSpec, replicas: int) -> str:
-    """One sentence: no config holds, and what the least violating one misses."""
+def infeasible_sentence(result: TrialResult, slo: SLOSpec, replicas: int, *,
+                        past: bool = False) -> str:
+    """One sentence: no config holds (``past``: held, where the verdict is not the
+    study's to give: ``tune``'s too many requests too long), and what the least
+    violating one misses."""
     missed = violations(result, slo)
     terms = "; ".join(v.text() for v in missed) or "no term (?)"
-    return (f"No configuration tried holds the SLO on {replicas_text(replicas)} "
+    return (f"No configuration tried {'held' if past else 'holds'} the SLO on "
+            f"{replicas_text(replicas)} "
             f"with {result.margin:.0%} headroom: the closest "
             f"misses {terms}.")

@@ -72,6 +72,7 @@ from slopilot.tuner.sim.robust import RobustEvaluator
 from slopilot.tuner.study.objective import TrialResult, WindowResult
 from slopilot.tuner.study.verdict import replicas_text, term_label, worst_share
 from slopilot.tuner.tune.idle_floor import FloorBook, IdleFloor
+from slopilot.tuner.tune.tense import JUDGED, Tense
 from slopilot.tuner.tune.whole_check import ReplayProgress
 
 
@@ -245,10 +246,11 @@ class CapacityOutcome:
                 "largest requests'), so take counts this close as equal; a longer "
                 "--duration judges each on more requests.")
 
-    def flips(self) -> str | None:
+    def flips(self, tense: Tense = JUDGED) -> str | None:
         """Where a count held and the count above it missed, said plainly: the answer is
         then the smallest count whose next count holds too, not the first that held;
         None where holding was monotone over the counts tried."""
+        holds = tense.verb("holds", "held")
         if not self.lucky:
             return None
         pairs = "; ".join(f"{replicas_text(n)} held but {n + 1} missed"
@@ -257,22 +259,25 @@ class CapacityOutcome:
             end = given_up(self.replicas, {n: r.feasible for n, r in self.tried.items()},
                             "tried")
         elif self.replicas is not None:
-            end = (f"so the answer is {self.replicas}, the smallest count tried that holds "
-                   "with every count tried above it holding too")
+            end = (f"so the answer is {self.replicas}, the smallest count tried that "
+                   f"{holds} with every count tried above it holding too")
         else:
-            end = f"and no count up to {self.hi} holds with the count above it holding too"
+            end = f"and no count up to {self.hi} {holds} with the count above it holding too"
         stopped = (f"; after {len(self.lucky)} such counts the climb stopped"
                    if self.gave_up else "")
         return (f"Holding is not monotonic over the counts tried: {pairs} (a window's P99 "
                 f"rests on where its few largest requests land){stopped}, {end}.")
 
-    def sentence(self) -> str:
-        flips = self.flips()
-        text = self._sentence()
+    def sentence(self, tense: Tense = JUDGED) -> str:
+        """The answer in ``tense``: the verdict's, the windows' where the whole trace
+        missed, or the past where too many requests too long refuse it."""
+        flips = self.flips(tense)
+        text = self._sentence(tense)
         return text if flips is None else f"{text} {flips}"
 
-    def _sentence(self) -> str:
-        tried = ", ".join(f"{label} on {n}: " + ("holds with headroom" if ok else
+    def _sentence(self, tense: Tense) -> str:
+        holds, hold = tense.verb("holds", "held"), tense.verb("hold", "held")
+        tried = ", ".join(f"{label} on {n}: " + (f"{holds} with headroom" if ok else
                                                     "within the SLO, not the headroom"
                                                     if within else "misses the SLO")
                           for label, n, ok, within in self.searched)
@@ -283,7 +288,7 @@ class CapacityOutcome:
                 # Short of the headroom only: "no count holds the SLO" would be false, and
                 # "relax the SLO" advice for a count already within it.
                 head = (f"{'No replica count' if bound else f'Not even {self.hi} replicas'} "
-                        f"hold{'s' if bound else ''} the SLO with {self.margin:.0%} headroom; "
+                        f"{holds if bound else hold} the SLO with {self.margin:.0%} headroom; "
                         f"{within} (tried: {tried})")
                 if bound:
                     return head + ": " + "; ".join(f.text() for f in bound) + "."
@@ -296,24 +301,25 @@ class CapacityOutcome:
                         f"judges with the live loop's {self.margin:.0%} headroom and has no "
                         "flag to lower it).")
             if bound and self.skipped:
-                return ("No replica count holds the SLO, so none was replayed: "
+                return (f"No replica count {holds} the SLO, so none was replayed: "
                         + "; ".join(f.text() for f in bound)
                         + ". More replicas only take the queue away, not a prompt's own "
                           "prefill: a faster GPU, tensor parallelism, shorter prompts in "
                           "that class or a looser limit can.")
             if bound:
-                return (f"No replica count holds the SLO (tried: {tried}): "
+                return (f"No replica count {holds} the SLO (tried: {tried}): "
                         + "; ".join(f.text() for f in bound)
                         + ". More replicas only take the queue away, not a prompt's own "
                           "prefill: a faster GPU, tensor parallelism, shorter prompts in "
                           "that class or a looser limit can.")
             flat = self.flat()
             if flat is not None:
-                return f"Not even {self.hi} replicas hold the SLO (tried: {tried}). {flat.text()}"
+                return (f"Not even {self.hi} replicas {hold} the SLO (tried: {tried}). "
+                        + flat.text())
             if (elsewhere := self.flat_elsewhere()) is not None:
-                return (f"Not even {self.hi} replicas hold the SLO (tried: {tried}). "
+                return (f"Not even {self.hi} replicas {hold} the SLO (tried: {tried}). "
                         + self._flat_elsewhere_text(*elsewhere))
-            return (f"Not even {self.hi} replicas hold the SLO (tried: {tried}); raise "
+            return (f"Not even {self.hi} replicas {hold} the SLO (tried: {tried}); raise "
                     "--max-replicas, relax the SLO, or use a larger GPU or model "
                     "parallelism.")
         below = self.below()
@@ -322,10 +328,11 @@ class CapacityOutcome:
         # where a count did hold by luck).
         check = (f" {self.replicas + 1} was run only to check that {self.replicas} did not "
                  "hold by luck (a window's P99 rests on where its few largest requests "
-                 "land): it holds too." if self.checked and not self.lucky else "")
-        verb = "holds" if self.replicas == 1 else "hold"
+                 f"land): it {holds} too." if self.checked and not self.lucky else "")
+        verb = tense.hold(singular=self.replicas == 1)
         return (f"{replicas_text(self.replicas)} {verb} the SLO "
-                f"in every window with {self.margin:.0%} headroom, with {self.label}'s knobs "
+                f"{tense.every_window()} with {self.margin:.0%} headroom, with "
+                f"{self.label}'s knobs "
                 f"(tried: {tried}).{check}" + ("" if below is None else f" {below}"))
 
     def within(self) -> str | None:

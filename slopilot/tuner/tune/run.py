@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-import re
 import sys
 import time
 from collections.abc import Mapping
@@ -53,6 +52,7 @@ from slopilot.tuner.tune.stop import (
     stops_raise,
 )
 from slopilot.tuner.tune.study_record import check_or_record
+from slopilot.tuner.tune.tense import JUDGED, Tense, When
 from slopilot.tuner.tune.whole_check import WholeCheck, whole_check
 
 
@@ -228,25 +228,36 @@ def _share(r: TrialResult) -> str:
     return f"{max(r.constraints, default=-1.0) + 1:.0%}"
 
 
-def _kept(start: TrialResult, best_trial: tuple[int, TrialResult] | None) -> str:
+def _kept(start: TrialResult, best_trial: tuple[int, TrialResult] | None,
+          tense: Tense = JUDGED) -> str:
     """Why no trial replaces the start config, in the verdict's words."""
     if best_trial is None:
         return "no trial completed"
     n, r = best_trial
     if not r.feasible:
-        return "no trial holds it"
+        return f"no trial {tense.verb('holds', 'held')} it"
     return (f"no trial beats it (the best, trial {n}: mean goodput over the windows "
             f"{r.goodput_tok_s:,.1f} tok/s "
             f"against its {start.goodput_tok_s:,.1f}, closest term at {_share(r)} of its "
             "limit)")
 
 
-def _unjudged(sentence: str, too_long: TooLong) -> str:
-    """The verdict led by the requests it does not judge: "holds" said of the rest only,
-    never bare (a user would not call turning most of the load away holding the SLO)."""
-    served = too_long.of - too_long.requests
-    held = f"holds the SLO on the {served:,} requests that fit, in every window"
-    return f"{too_long.clause()} {sentence.replace('holds the SLO in every window', held)}"
+def _tense(s: TuneSettings, whole: WholeCheck | None) -> Tense:
+    """The tense the verdict's builders say the study's findings in: refused where too
+    many requests are too long; the windows' past where the whole trace missed where they
+    held ("holds" is the whole trace's to say); "holds" said of the requests that fit,
+    never bare, where some are rejected unjudged (a user would not call turning most of
+    the load away holding the SLO); the start config kept only where something is
+    recommended."""
+    too_long = s.too_long
+    if too_long is not None and _too_many_too_long(s):
+        return Tense(When.REFUSED, keep=False)
+    served = too_long.of - too_long.requests if too_long is not None and too_long.warns \
+        else None
+    if whole is None:
+        return Tense(served=served)
+    return Tense(When.JUDGED if whole.first.holds else When.WINDOWS, served,
+                 keep=whole.replicas is not None)
 
 
 def _too_many_too_long(s: TuneSettings) -> bool:
@@ -257,8 +268,8 @@ def _too_many_too_long(s: TuneSettings) -> bool:
 
 def _refused(sentence: str, too_long: TooLong, max_share: float) -> str:
     """The verdict where too many requests are too long: it does not hold, nothing is
-    recommended, and what the study found is said of the requests that fit, in the past
-    tense (no "holds" a reader could take for the answer)."""
+    recommended, and what the study found (``sentence``, built in the past tense:
+    ``When.REFUSED``) is said of the requests that fit."""
     limit = too_long.limit
     # The smallest share, to the percent, that would accept them (round first: 0.9 * 100
     # is 90.00000000000001).
@@ -268,10 +279,8 @@ def _refused(sentence: str, too_long: TooLong, max_share: float) -> str:
             "none of them (a request too long for one replica is too long for each), so "
             f"nothing is recommended; {limit.fix()}, cut such requests from the trace, or "
             f"give --max-too-long {accepts:g} to accept them.")
-    rest = sentence.replace(": keep the start config, no knob changes.", ".")
-    rest = re.sub(r"\bholds\b", "held", re.sub(r"\bhold the SLO\b", "held the SLO", rest))
     served = too_long.of - too_long.requests
-    return f"{lead} What the study found on the {served:,} requests that fit: {rest}"
+    return f"{lead} What the study found on the {served:,} requests that fit: {sentence}"
 
 
 def _outcome(s: TuneSettings, plan: WindowPlan, tuner: Tuner, start: TrialResult,
@@ -285,44 +294,40 @@ def _outcome(s: TuneSettings, plan: WindowPlan, tuner: Tuner, start: TrialResult
     best_trial = tuner.best_trial()
     on = f"on {replicas_text(s.replicas)}"
     result = best.result
+    tense = _tense(s, whole)
+    holds = f"{tense.hold(singular=True)} the SLO {tense.every_window()}"
     if result.feasible and best.is_start:
         config = result.config
-        sentence = (f"The start config holds the SLO in every window with "
+        sentence = (f"The start config {holds} with "
                     f"{result.margin:.0%} headroom {on} (its closest term at "
-                    f"{_share(result)} of its limit) and {_kept(result, best_trial)}: keep "
-                    "the start config, no knob changes.")
+                    f"{_share(result)} of its limit) and {_kept(result, best_trial, tense)}"
+                    f"{tense.kept()}")
     elif result.feasible:
         config = result.config
-        sentence = (f"Trial {best.trial} holds the SLO in every window with "
+        sentence = (f"Trial {best.trial} {holds} with "
                     f"{result.margin:.0%} headroom {on}; its closest term is at "
                     f"{_share(result)} of its limit.")
     else:
         missed = tuple(violations(result, slo))
-        sentence = infeasible_sentence(result, slo, s.replicas)
+        sentence = infeasible_sentence(result, slo, s.replicas, past=tense.past)
         replicas = None if capacity is None else capacity.replicas
         config = capacity.config if capacity is not None and replicas is not None else None
         if capacity is not None:
-            sentence += " " + capacity.sentence()
+            sentence += " " + capacity.sentence(tense)
         elif s.max_replicas <= s.replicas:
             sentence += (f" No capacity search: --max-replicas {s.max_replicas} is not above "
                          f"{s.replicas}.")
     if whole is not None and replicas is not None:
-        if not whole.first.holds:
-            # The windows' word for what they found; "holds" is the whole trace's to say.
-            sentence = sentence.replace("holds the SLO in every window",
-                                        "held the SLO in every window").replace(
-                "hold the SLO in every window", "held the SLO in every window")
         windows_replicas, replicas = replicas, whole.replicas
         if replicas is None:
-            # Nothing is recommended: nothing is kept either.
-            sentence = sentence.replace(": keep the start config, no knob changes.", ".")
-            config = None
+            config = None  # nothing is recommended (nor kept: ``_tense``)
         sentence += " " + whole.clause(windows_replicas)
     if s.too_long is not None and _too_many_too_long(s):
         sentence = _refused(sentence, s.too_long, s.max_too_long)
         replicas, config = None, None
     elif s.too_long is not None and s.too_long.warns:
-        sentence = _unjudged(sentence, s.too_long)
+        # Led by the requests it does not judge ("holds" is said of the rest: ``_tense``).
+        sentence = f"{s.too_long.clause()} {sentence}"
     changes = None if config is None else {
         k: v for k, v in config.items() if start.config.get(k) != v}
     check = None if config is None or replicas is None else check_command(s, config, replicas)
