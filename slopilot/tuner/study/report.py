@@ -26,7 +26,7 @@ from slopilot.tuner.study.tuner import Tuner
 from slopilot.tuner.study.verdict import (
     deciding_goodput,
     goodput_share,
-    judged_in,
+    judged_where,
     replicas_text,
     term_label,
     worst_share,
@@ -254,10 +254,7 @@ def caption(img: str, results: Sequence[tuple[int, TrialResult]],
 
 def _judged_in(results: Sequence[tuple[int, TrialResult]]) -> str:
     """``its worst window``, ``the whole trace``: where the plots read each config."""
-    where = judged_in([r for _, r in results])
-    if where == "its window":
-        return where
-    return "its worst window" if where == "worst window" else f"the {where}"
+    return judged_where([r for _, r in results])
 
 
 def write_report(tuner: Tuner, slo: SLOSpec, out_dir: Path, *, subject: PlotSubject,

@@ -40,6 +40,18 @@ def judged_in(results: Sequence[TrialResult]) -> str:
     return names.pop() if names else "its window"
 
 
+def judged_where(results: Sequence[TrialResult]) -> str:
+    """``judged_in`` in a sentence's words: ``its worst window`` where any had several
+    windows, ``the whole trace`` (or ``seed 1``, a name) where each had the one, ``its
+    window`` without windows. The report's captions and ``tune``'s terminal output both
+    read it: the terminal said "worst window" of a trace judged whole."""
+    where = judged_in(results)
+    if where in ("its window", "worst window"):
+        return "its worst window" if where == "worst window" else where
+    # A seed is a name ("seed 1"); the rest are a span ("the whole trace").
+    return where if where.startswith("seed ") else f"the {where}"
+
+
 def goodput_share(summary: WindowSummary | None) -> float | None:
     """Goodput over the output tokens asked for; None where the source cannot tell."""
     a = None if summary is None else summary.overall.accounting

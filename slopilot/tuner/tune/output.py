@@ -43,6 +43,7 @@ from slopilot.tuner.study.verdict import (
     deciding_goodput,
     deciding_window,
     goodput_share,
+    judged_where,
     replicas_text,
     share_text,
     term_label,
@@ -144,18 +145,21 @@ def print_text(outcome: TuneOutcome, report: Path | None) -> None:
     from rich.table import Table
 
     console = Console(width=None if sys.stdout.isatty() else 180)
-    top = Table(title="Top trials (each judged on its worst window)")
+    order = ranked(outcome)
+    # "its worst window", or the one window each was judged on (a trace judged whole).
+    where = judged_where([outcome.start, *(r for _, r in order)])
+    top = Table(title=f"Top trials (each judged on {where})")
     for col in ("trial", "holds SLO", "worst term", "goodput share",
                 "goodput tok/s, deciding window", "goodput tok/s, mean of windows",
                 "budget", "chunk", "max seqs", "mode"):
         top.add_column(col, justify="right")
-    order = ranked(outcome)
     for n, r in order[:10]:
         top.add_row(*top_row(n, r))
     console.print(top)
-    console.print("worst term: the SLO term closest to (or over) its limit in the worst "
-                  "window (the deciding window: the one whose worst term is highest), as a "
-                  f"share of the limit (holding needs at most "
+    deciding = ("the worst window (the deciding window: the one whose worst term is "
+                "highest)" if where == "its worst window" else where)
+    console.print(f"worst term: the SLO term closest to (or over) its limit in {deciding}, "
+                  f"as a share of the limit (holding needs at most "
                   f"{1 - outcome.start.margin:.0%}); goodput share: the lowest over the "
                   "windows of output tokens within SLO over those asked for (what the study "
                   "maximizes); goodput tok/s: the deciding window's, and the mean over the "
@@ -202,10 +206,11 @@ def _comparison(console: Any, outcome: TuneOutcome, n: int, best: TrialResult) -
 
     start = outcome.start
     kept = outcome.best.is_start
+    where = judged_where([start, best])
     cmp = Table(title=f"The start config (kept) against trial {n}, the best trial (each "
-                      "term in its worst window)"
+                      f"term in {where})"
                 if kept else "Best config against the scenario's start config (each term in "
-                             "its worst window)")
+                             f"{where})")
     for col in ("", "start", f"trial {n}" if kept else "best"):
         cmp.add_column(col, justify="right")
     cmp.add_row("holds SLO", "yes" if start.feasible else "no", "yes" if best.feasible else "no")
@@ -241,7 +246,11 @@ def _deciding_window(console: Any, outcome: TuneOutcome) -> WindowSummary | None
     summary, where = best.summary, "its window"
     if best.windows:
         w = deciding_window(best.windows)
-        summary, where = w.result.summary, f"its worst window, {w.span}"
+        # One window names itself in its span ("whole trace: 0-6 s ..."); of several, it
+        # is the worst.
+        within = judged_where([best])
+        span = w.span if within == "its worst window" else w.span.partition(": ")[2] or w.span
+        summary, where = w.result.summary, f"{within}, {span}"
     if summary is not None:
         print_summary(summary, outcome.settings.scenario.slo, console=console,
                       title=f"{name} on {where}, "
