@@ -13,6 +13,7 @@ from slopilot.tuner.study.verdict import replicas_text, term_label, worst_share
 from slopilot.tuner.tune.capacity import CapacityOutcome
 from slopilot.tuner.tune.outcome import Candidate, TuneOutcome
 from slopilot.tuner.tune.settings import check_command
+from slopilot.tuner.tune.whole_check import WholeCheck
 
 
 def context(outcome: TuneOutcome) -> ReportContext:
@@ -127,10 +128,46 @@ def _notes(outcome: TuneOutcome) -> list[str]:
     whole = outcome.whole
     if whole is not None and not whole.holds:
         # The plots colour each config by its windows; the verdict is the whole trace's.
-        notes.append(f"The plots judge each config in the study's windows only: one drawn "
-                     f"as holding the SLO there missed over the whole trace on every count "
-                     f"up to --max-replicas {whole.max_replicas} (the verdict above).")
+        notes.append(_whole_missed(outcome, whole))
     return notes + [f"Warning: {w}" for w in outcome.warnings]
+
+
+def _whole_missed(outcome: TuneOutcome, whole: WholeCheck) -> str:
+    """Where no count replayed holds the whole trace, what was replayed and searched: it
+    said "missed over the whole trace on every count up to --max-replicas 8" where the
+    replays began at the windows' count and bisected, some counts held while the next
+    missed, the config was drawn missing on the count tuned at, and the capacity search's
+    other candidates were searched in the windows only, below its answer."""
+    cap, n, tuned = outcome.capacity, whole.first.replicas, outcome.settings.replicas
+    answered = cap is not None and cap.replicas is not None
+    label = cap.label if cap is not None and answered else outcome.best.label
+    who = (f"{label}, drawn as holding the SLO there on {replicas_text(n)}" if n == tuned
+           else f"{label}, which held in the windows on {replicas_text(n)} (the plots draw "
+                f"{replicas_text(tuned)}, where none held)")
+    counts = sorted(r.replicas for r in whole.runs)
+    span = (f"{replicas_text(counts[0])}" if len(counts) == 1 else
+            f"{counts[0]} to {counts[-1]} replicas")
+    replayed = (f"{span} ({', '.join(map(str, counts))}; --max-replicas "
+                f"{whole.max_replicas})")
+    if whole.lucky:
+        pairs = "; ".join(f"{k} held but {k + 1} missed" for k in whole.lucky)
+        said = (f"{who}, was replayed over the whole trace on {replayed}: {pairs}, and no "
+                "count held with the count above it holding too")
+    else:
+        said = f"{who}, missed over the whole trace on each count replayed, {replayed}"
+    lines = [f"The plots judge each config in the study's windows only: {said} (the "
+             "verdict above)."]
+    if cap is not None and answered:
+        tops: dict[str, int] = {}
+        for other, k, _, _ in cap.searched:
+            if other != cap.label:
+                tops[other] = max(k, tops.get(other, k))
+        for other, k in tops.items():
+            below = f" (below {n}, the best count so far)" if k < n else ""
+            lines.append(f"{other[:1].upper()}{other[1:]} was searched in the windows only, "
+                         f"up to {replicas_text(k)}{below}, and not replayed over the whole "
+                         "trace.")
+    return " ".join(lines)
 
 
 def write(outcome: TuneOutcome, out_dir: Path) -> Path:
