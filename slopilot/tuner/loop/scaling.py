@@ -5,10 +5,12 @@ holds (``Go.at_least``, from COMMIT or the offline study), SCALING first asks th
 study whether some config holds at the current count and tunes if so; when the study
 finds none, at least one more replica is needed, whatever the capacity plan's shorter
 simulation says of the current count. The capacity plan (with ``scale_up_margin`` to
-spare) says how many replicas the measured load needs, within min and max; at max
-replicas with nothing holding, the closest configs still get one live episode, and an
-episode that then finds nothing ends here with an inform, whose verdict holds off the
-next such episode in the same situation (``backoff.py``).
+spare) says how many replicas the measured load needs, within min and max (where its
+search gave up at a count at or below the one breaching, it is searched again above that
+count: ``_above_given_up``); at max replicas with nothing holding, the closest configs
+still get one live episode, and an episode that then finds nothing ends here with an
+inform, whose verdict holds off the next such episode in the same situation
+(``backoff.py``).
 
 When no count up to max holds and the search's own per-count results show the worst term
 stops moving past some count (``replica_plateau.py``: an SLO below what one request
@@ -21,6 +23,8 @@ buys max replicas.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
+from typing import Any
 
 from slopilot.engine.sim.scenario import Scenario
 from slopilot.tuner.loop import advice, backoff, replica_plateau, scale_wait
@@ -71,6 +75,9 @@ def scaling(ctx: LoopContext, tick: Tick, entered: Go | None) -> Decision | Go:
     # and the scale-down gives the spare replicas back.
     answer = advice.capacity(ctx, now, scenario, running, s.min_replicas, s.max_replicas,
                              margin=ctx.scale_up_margin, running=running)
+    if answer is not None and (above := _above_given_up(
+            ctx, now, scenario, running, answer, current, at_least)) is not None:
+        answer, reason = above[0], f"{above[1]}; {reason}"
     if answer is None:
         return _on_live_evidence(ctx, now, scenario, current, at_least, reason)
     if answer.replicas is None and \
@@ -87,19 +94,54 @@ def scaling(ctx: LoopContext, tick: Tick, entered: Go | None) -> Decision | Go:
         return _scale_up(ctx, now, current, needed, reason)
     if at_least is not None:
         return _max_replicas(ctx, now, scenario, reason)
-    if answer.replicas is not None:
+    if answer.replicas is not None and not answer.gave_up:
         return start_episode(ctx, now, f"capacity_suffices at {current} replica(s); "
                              f"{reason}", Event.CAPACITY_SUFFICES, allow_scale=False)
-    # No replica to add and the simulator sees no config that holds: the closest ones are
-    # still worth a live episode (the model may be pessimistic). An episode that then
-    # finds nothing comes back with at_least set and stops above, and that verdict holds
-    # off the next such episode in the same situation (backoff.py).
+    # No replica to add and the simulator sees no config that holds (or gave up at a
+    # count the maximum, breaching, lies above: ``_above_given_up`` searched above any
+    # other): the closest ones are still worth a live episode (the model may be
+    # pessimistic). An episode that then finds nothing comes back with at_least set and
+    # stops above, and that verdict holds off the next such episode in the same
+    # situation (backoff.py).
     if (held := _backed_off(ctx, now, reason)) is not None:
         return held
+    sees = "the simulator sees no config that holds" if answer.replicas is None else \
+        (f"{current} breaches; the twin's search gave up at {answer.replicas} (holding "
+         "flips at this load), no evidence that the count holds")
     return start_episode(
-        ctx, now, f"max_replicas {s.max_replicas} reached and the simulator sees no "
-        f"config that holds; tuning for the closest; {reason}", Event.TUNE_CLOSEST,
-        allow_scale=False, ranked=ranked)
+        ctx, now, f"max_replicas {s.max_replicas} reached and {sees}; tuning for the "
+        f"closest; {reason}", Event.TUNE_CLOSEST, allow_scale=False, ranked=ranked)
+
+
+def _above_given_up(ctx: LoopContext, now: float, scenario: Scenario,
+                    running: Mapping[str, Any], answer: CapacityAnswer, current: int,
+                    at_least: int | None) -> tuple[CapacityAnswer | None, str] | None:
+    """The twin's search from the count above ``current`` (the count serving, which the
+    alert or episode that led here says misses) where its search from the minimum gave
+    up on an answer at or below it, with why; None where it did not give up there, or
+    where no count is left above (the maximum serves). Its answer is None where the twin
+    gave none this time: the live evidence's one replica more is then taken.
+
+    An answer given up on is the smallest count that held above the twin's last miss,
+    its next count unchecked: holding flips near it, and a breach at it (the twin was
+    wrong there, or the load grew into it) is live evidence that it misses. The search
+    on the same table gives up on the same count, and read as "capacity suffices" the
+    breach at the count a scale-up bought started a live episode of configs there, then
+    bought one replica (into a count the twin's runs miss), and the hourly trial budget
+    held the fleet at it, breaching, for hours. Above the breach the twin's answer is
+    its smallest count that holds there, checked against its next count as any answer
+    is, and never below a count that breached."""
+    s = ctx.settings
+    floor = max(current + 1, at_least or 0)
+    if not answer.gave_up or answer.replicas is None or answer.replicas >= floor \
+            or floor > s.max_replicas:
+        return None
+    why = (f"the twin's search gave up at {answer.replicas} (held while the next count "
+           f"missed at {', '.join(map(str, answer.lucky))}: holding flips at this load) "
+           f"and {current} breaches live: searched from {floor}")
+    above = advice.capacity(ctx, now, scenario, running, floor, s.max_replicas,
+                            margin=ctx.scale_up_margin, running=running)
+    return above, why
 
 
 def _on_live_evidence(ctx: LoopContext, now: float, scenario: Scenario, current: int,

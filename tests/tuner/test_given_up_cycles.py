@@ -1,0 +1,191 @@
+"""The live loop through several breach -> search -> scale-up cycles where the twin's
+capacity search gives up (``loop/steady_count.py``: holding flips near the line).
+
+An answer given up on is a count whose next count missed in the twin's runs, taken for
+a scale-up but not for a scale-down. When the live fleet breaches at that count (the
+twin was wrong there, or the load grew), the next search, on the same table, gives up
+at the same count: read as "capacity suffices at the current count", it started a live
+episode of configs at a count the twin itself called noise at the line, then a scale-up
+of one replica into a count the twin's table misses, and the hourly trial budget then
+held the fleet there, breaching, for hours (``steady_count.py``'s docstring named the
+risk: "not tested through a cycle"). A breach at a count at or above an answer given up
+on is live evidence that the count misses: the loop scales to the smallest count the
+twin holds above it, bounded by ``max_replicas``, says why in the decision, runs no
+live trial at a count the replicas are the remedy for, and never gives the replicas
+back on an answer given up on (no flapping).
+
+The controller runs on the fakes with a scripted clock (a tick every 15 s); the twin is
+the real ``CapacityPlanner`` on a table of P0 TTFT shares per count, and the live fleet
+breaches (its window over the SLO, a scale alert firing) at every count outside a set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from slopilot.engine.sim.scenario import Scenario
+from slopilot.engine.window_summary import WindowSummary
+from slopilot.tuner.loop.capacity import CapacityPlanner
+from slopilot.tuner.loop.controller import Controller
+from slopilot.tuner.loop.decision import Action, Decision
+from slopilot.tuner.prometheus.alerts import Alert, AlertAction
+from slopilot.tuner.study.objective import TrialResult
+from tests.tuner.controller_fakes import (
+    GOOD,
+    TERMS,
+    FakeDeployment,
+    FakeEvaluator,
+    FakeOffline,
+    Rig,
+    summary,
+)
+
+# The twin's table (P0 TTFT p99 as a share of its limit): 1-5 miss, 6-14 flip (even
+# counts hold at 75 %, odd ones miss at 110 %), 15 and up hold at 70 %. The search gives
+# up at 12 (6, 8 and 10 held while their next count missed), with or without headroom.
+FLIPPY = {n: (1.3 if n < 6 else (0.75 if n % 2 == 0 else 1.1) if n < 15 else 0.7)
+          for n in range(1, 65)}
+# The same band six replicas up: the load the twin measures after it grew.
+GROWN = {n: FLIPPY.get(n - 6, 1.3) if n > 6 else 1.3 for n in range(1, 65)}
+
+
+@dataclass
+class Twin:
+    """The real capacity search on ``table``, which a test may swap (the load grew)."""
+
+    table: dict[int, float]
+    runs: list[int] = field(default_factory=list)
+
+    def planner(self) -> CapacityPlanner:
+        def score_fn(scenario: Scenario, config: Mapping[str, Any], n: int) -> TrialResult:
+            self.runs.append(n)
+            share = self.table[n]
+            return TrialResult(dict(config), 100.0, (share - 1, -0.5, -0.5, -0.5, -0.9),
+                               share <= 1, constraint_names=TERMS)
+        return CapacityPlanner(score_fn=score_fn)
+
+
+@dataclass
+class Live:
+    """The fleet as served: it holds the SLO at the counts in ``holds`` and breaches at
+    every other (the window's P0 TTFT over its limit, the alert that scales firing),
+    whatever config it runs: replicas are the remedy here, not knobs."""
+
+    dep: FakeDeployment
+    holds: set[int]
+
+    def firing(self) -> list[Alert]:
+        if self.dep.n in self.holds:
+            return []
+        return [Alert(name="SlopilotTTFTP99High", action=AlertAction.SCALE,
+                      severity="warning", priority_class="p0", since=0.0)]
+
+    def figures(self, config: Mapping[str, Any]) -> WindowSummary:
+        return summary() if self.dep.n in self.holds else summary(p0_ttft=400.0)
+
+
+def rig(twin: Twin, holds: set[int], *, replicas: int = 4, max_replicas: int = 64,
+        offline: FakeOffline | None = None) -> tuple[Rig, Live, Controller]:
+    dep = FakeDeployment(n=replicas)
+    live = Live(dep, holds)
+    r = Rig(dep=dep, planner=twin.planner(), alerts=live,  # type: ignore[arg-type]
+            offline=offline, settings={"max_replicas": max_replicas})
+    r.ev = FakeEvaluator(dep, live.figures)
+    return r, live, r.build()
+
+
+def run(ctl: Controller, start: int, seconds: int) -> list[Decision]:
+    return [ctl.tick(float(t)) for t in range(start, start + seconds, 15)]
+
+
+def acted(decisions: list[Decision]) -> list[str]:
+    return [d.line() for d in decisions if d.action is not Action.NONE]
+
+
+def scale_ups(decisions: list[Decision]) -> list[str]:
+    return [d.reason for d in decisions
+            if d.action is Action.SCALE and d.reason.startswith("scale_up")]
+
+
+def test_a_breach_at_the_count_given_up_on_scales_above_it_and_stays() -> None:
+    # The twin is wrong at 12: live, 12 breaches and 14 and up hold. The breach at 12
+    # buys 14, the smallest count the twin holds above 12 (13 misses there), with no
+    # live trial of configs at 12; and 14 is kept for the hour after (no scale-down on
+    # an answer given up on, so no flapping back to 12).
+    twin = Twin(FLIPPY)
+    r, _, ctl = rig(twin, set(range(14, 65)))
+    decisions = run(ctl, 0, 3600)
+    lines = acted(decisions)
+    assert r.dep.scaled == [12, 14], lines
+    assert r.dep.applied == [], lines  # no trial: the alert asks for replicas
+    up = scale_ups(decisions)
+    assert up[0].startswith("scale_up 4->12"), up
+    # The move says why: the search gave up at 12, and 12 breached live.
+    assert up[1].startswith("scale_up 12->14"), up
+    assert "gave up at 12" in up[1] and "12 breach" in up[1], up[1]
+    assert 64 not in twin.runs, twin.runs
+
+
+def test_each_breach_above_an_answer_given_up_on_buys_the_next_count_that_holds() -> None:
+    # The twin is wrong up to 16 (it holds 15 and up; live, 17 and up). Each breach goes
+    # above the count that breached, never back to one that did, never to the maximum.
+    twin = Twin(FLIPPY)
+    r, _, ctl = rig(twin, set(range(17, 65)))
+    decisions = run(ctl, 0, 3600)
+    lines = acted(decisions)
+    assert r.dep.scaled == [12, 14, 15, 16, 17], lines
+    assert r.dep.applied == [], lines
+    for reason, was in zip(scale_ups(decisions)[1:], [12, 14, 15, 16], strict=True):
+        assert "gave up at 12" in reason and f"{was} breaches live" in reason, reason
+
+
+def test_with_an_offline_study_that_finds_no_config_the_breach_skips_the_twins_miss(
+) -> None:
+    # The offline study says no config holds at 12: at least 13, which the twin's own
+    # runs miss. The count bought is the twin's smallest holding above 12, not 12 + 1.
+    twin = Twin(FLIPPY)
+    r, _, ctl = rig(twin, set(range(14, 65)),
+                    offline=FakeOffline(ranked=[(dict(GOOD), False)]))
+    decisions = run(ctl, 0, 1800)
+    assert r.dep.scaled == [12, 14], acted(decisions)
+
+
+def test_after_the_load_grew_a_breach_at_the_new_answer_given_up_on_goes_above_it() -> None:
+    # 12 served the first load. The load grows: the twin's band moves six counts up and
+    # its search gives up at 20 (12, 16 and 18 held while their next count missed, 19
+    # the largest miss); live, 20 and 21 breach too and 22 and up hold.
+    twin = Twin(FLIPPY)
+    r, live, ctl = rig(twin, set(range(12, 65)))
+    first = run(ctl, 0, 600)
+    assert r.dep.scaled == [12], acted(first)
+    twin.table, live.holds = GROWN, set(range(22, 65))
+    later = run(ctl, 600, 3000)
+    lines = acted(later)
+    assert r.dep.scaled == [12, 20, 21, 22], lines
+    assert r.dep.applied == [], lines
+    up = scale_ups(later)
+    assert up[0].startswith("scale_up 12->20") and "gave up" not in up[0], up
+    assert "gave up at 20" in up[1] and "20 breach" in up[1], up
+    assert "gave up at 20" in up[2] and "21 breach" in up[2], up
+
+
+def test_at_max_replicas_a_breach_at_an_answer_given_up_on_is_bounded_by_the_max() -> None:
+    # Live, no count up to the maximum (14) holds. The breach at 12 buys 14, the
+    # maximum; there the replicas are spent, and the loop neither scales past it nor
+    # back down to the count given up on.
+    twin = Twin(FLIPPY)
+    r, _, ctl = rig(twin, set(), max_replicas=14)
+    decisions = run(ctl, 0, 3600)
+    lines = acted(decisions)
+    assert r.dep.scaled == [12, 14], lines
+    assert all(n <= 14 for n in twin.runs), twin.runs
+    # At the maximum a live episode of configs is the remedy left, and it says so: not
+    # "capacity suffices" on a count the twin gave up on.
+    assert not any("capacity_suffices" in line for line in lines), lines
+    episodes = [d.reason.split("retune: ", 1)[1] for d in decisions
+                if "retune: " in d.reason]
+    assert episodes, lines
+    assert all(e.startswith("max_replicas 14 reached and 14 breaches; the twin's search "
+                            "gave up at 12") for e in episodes), episodes
