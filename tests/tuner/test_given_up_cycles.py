@@ -30,6 +30,7 @@ from slopilot.engine.window_summary import WindowSummary
 from slopilot.tuner.loop.capacity import CapacityPlanner
 from slopilot.tuner.loop.controller import Controller
 from slopilot.tuner.loop.decision import Action, Decision
+from slopilot.tuner.loop.ports import SimulatorBusy
 from slopilot.tuner.prometheus.alerts import Alert, AlertAction
 from slopilot.tuner.study.objective import TrialResult
 from tests.tuner.controller_fakes import (
@@ -57,9 +58,13 @@ class Twin:
 
     table: dict[int, float]
     runs: list[int] = field(default_factory=list)
+    busy_above: int | None = None
+    """Counts above this are refused as the simulator's workers are busy."""
 
     def planner(self) -> CapacityPlanner:
         def score_fn(scenario: Scenario, config: Mapping[str, Any], n: int) -> TrialResult:
+            if self.busy_above is not None and n > self.busy_above:
+                raise SimulatorBusy(f"no worker free for {n} replicas")
             self.runs.append(n)
             share = self.table[n]
             return TrialResult(dict(config), 100.0, (share - 1, -0.5, -0.5, -0.5, -0.9),
@@ -189,3 +194,16 @@ def test_at_max_replicas_a_breach_at_an_answer_given_up_on_is_bounded_by_the_max
     assert episodes, lines
     assert all(e.startswith("max_replicas 14 reached and 14 breaches; the twin's search "
                             "gave up at 12") for e in episodes), episodes
+
+
+def test_a_twin_busy_above_the_count_given_up_on_still_buys_one_replica_above_it() -> None:
+    # The search above 12 gets no answer: the alert's one replica, said as such.
+    twin = Twin(FLIPPY)
+    r, _, ctl = rig(twin, set(range(13, 65)))
+    first = run(ctl, 0, 30)
+    assert r.dep.scaled == [12], acted(first)
+    twin.busy_above = 12
+    later = run(ctl, 30, 1800)
+    assert r.dep.scaled == [12, 13], acted(later)
+    up = scale_ups(later)[0]
+    assert up.startswith("scale_up 12->13: twin_busy") and "gave up at 12" in up, up
