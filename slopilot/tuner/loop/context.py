@@ -103,6 +103,11 @@ class LoopContext:
         (``trial_count.recount``): once per controller, before its first trial."""
         self.starts_unread = False
         """Whether the last try to read them failed (said once until one succeeds)."""
+        self.stale_swept_at: float | None = None
+        """When the study's stale trials were last failed (``stale_trials.sweep``); None:
+        not yet by this controller."""
+        self.stale_unswept = False
+        """Whether the last sweep failed (said once until one succeeds)."""
         self.clock: Callable[[], float] | None = None
         """Where the tick's ``now`` was read (``Controller.tick``'s ``clock``), read again
         by ``took_effect``; None: a virtual clock that stands still within a tick."""

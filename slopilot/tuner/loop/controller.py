@@ -51,7 +51,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from slopilot.tuner.loop import restore
+from slopilot.tuner.loop import restore, stale_trials
 from slopilot.tuner.loop.clock_step import rebase_future
 from slopilot.tuner.loop.context import LoopContext, Step, Tick
 from slopilot.tuner.loop.decision import Action, Decision, TrialOutcome
@@ -93,6 +93,8 @@ class Controller(LoopContext):
         # Before the rebase: a start the study kept is matched with the record's as it
         # was written, before a clock stepped back moves the record's.
         try_recount(self, now)
+        # A trial a killed process left RUNNING is failed once stale, episode or not.
+        stale_trials.sweep(self, now)
         if moved := rebase_future(loop, self.settings, now):
             log.warning("%s: times kept in the future of the clock (it stepped back, or the "
                         "state was written on another clock), each wait restarted from "

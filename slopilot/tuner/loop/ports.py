@@ -336,3 +336,16 @@ class TrialStarts(Protocol):
         deployment's studies before and after a space move), at ``since`` or later (one
         a trial, however it ended since), on the clock they were recorded on."""
         ...
+
+
+@runtime_checkable
+class StaleTrials(Protocol):
+    """A ``LiveStudy`` whose storage fails a trial its process stopped beating for
+    (``study.heartbeat``): one a killed process left RUNNING is failed by ``fail_stale``
+    even while no trial is asked (``stale_trials.py``)."""
+
+    def fail_stale(self) -> None:
+        """Fail every RUNNING trial of the study whose heartbeat is older than the
+        storage's grace period; nothing where the storage keeps no heartbeats. Raises
+        where the storage cannot be reached."""
+        ...

@@ -118,6 +118,11 @@ class Tuner(WarmStarts):
                 out.append(float(at))
         return out
 
+    def fail_stale(self) -> None:
+        """Fail the study's trials that no process beats for any longer (stale past the
+        storage's grace period), as an ask does first (``ports.StaleTrials``)."""
+        fail_stale(self.study)
+
     def resume(self, number: int) -> None:
         """Go on with trial ``number``, asked by an earlier tuner of this study (the trial
         a restarted controller resumes): while it is RUNNING in storage, this tuner holds
