@@ -45,6 +45,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from optuna.trial import FrozenTrial, TrialState
+
 from slopilot.operator.daemon import study_name
 from slopilot.operator.engine_switch import RanOn
 from slopilot.operator.policy import OperatorPolicy
@@ -61,7 +63,8 @@ from slopilot.tuner.loop.state import (
     RunningTrial,
 )
 from slopilot.tuner.loop.transitions import Event, check
-from slopilot.tuner.study.storage import StudyStorageError
+from slopilot.tuner.study.results import result_of
+from slopilot.tuner.study.storage import StudyStorageError, open_study, study_names
 from slopilot.tuner.study.storage_url import shown
 from slopilot.tuner.study.study_family import LeftTrial, fail_left_trial, in_family, told_failed
 from slopilot.tuner.study.study_target import StudyTarget
@@ -235,18 +238,25 @@ def _readable(t: RunningTrial, body: Mapping[str, Any], policy: OperatorPolicy,
         return None
 
 
-def _fail_reason(t: RunningTrial, body: Mapping[str, Any], policy: OperatorPolicy,
-                 named: str) -> str | None:
-    """The reason trial ``t`` (of the loop state in ``body``'s status) was told failed
-    with in its study, in storage ``named``; None where it was not, it names no study or
-    another CR's, or the storage cannot be read."""
+def _told(t: RunningTrial, body: Mapping[str, Any], policy: OperatorPolicy,
+          named: str) -> FrozenTrial | None:
+    """Trial ``t`` (of the loop state in ``body``'s status) as its study in storage
+    ``named`` holds it, where it was told there (COMPLETE, or FAIL); None where it still
+    runs, is not there, names no study or another CR's, or the storage cannot be read."""
     url = _readable(t, body, policy, named)
     if url is None or t.study is None:
         return None
     try:
-        return told_failed(url, t.study, t.number)
-    except StudyStorageError:
+        if t.study not in study_names(url):
+            return None
+        trials = open_study(url, t.study).get_trials(
+            deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL))
+    except Exception as exc:  # StudyStorageError, SQLAlchemy's many kinds: resumed as is
+        log.warning("%s/%s: trial %d's end not read in its study (%s: %s): resumed",
+                    body["metadata"]["namespace"], body["metadata"]["name"], t.number,
+                    type(exc).__name__, exc)
         return None
+    return next((told for told in trials if told.number == t.number), None)
 
 
 @dataclass(frozen=True)
@@ -289,20 +299,32 @@ def failed_in_study(trial: TrialOnRecord) -> bool:
 
 def end_told(state: LoopState, body: Mapping[str, Any], policy: OperatorPolicy,
              named: str) -> None:
-    """End ``state``'s trial where its study has told it failed already: a loop whose
-    status took no write ended it (``UNWRITTEN``) and put the episode's config back on
-    the pods, and the status it could not write still has it running. Resumed, its
-    config went back on its pod and its window, which had measured the episode's config
-    since, was judged (and committed over its study's FAIL). It is ended as
-    ``end_unbuilt`` ends one, its episode's config owed to the pods. A study that
-    cannot be read leaves the state as it is: the factory's own open says why."""
+    """End ``state``'s trial where its study was told its end already, so that it is
+    not resumed (a study that cannot be read leaves the state as it is: the factory's own
+    open says why; a trial failed as stale, with no reason, is resumed: its window is
+    not in the study yet, ``ResumableTuner.tell``).
+
+    - Told failed with a reason: a loop whose status took no write ended it
+      (``UNWRITTEN``) and put the episode's config back on the pods, or its loop told it
+      failed and was killed before the status said so. Resumed, its config went back on
+      its pod and its window, which had measured the episode's config since, was judged
+      (and committed over its study's FAIL). It is ended as ``end_unbuilt`` ends one,
+      its episode's config owed to the pods.
+    - Told its window (``_told_window``): the loop was killed after the tell, before the
+      status said so."""
     t = state.trial
     if t is None:
         return
-    meta = body["metadata"]
-    reason = _fail_reason(t, body, policy, named)
-    if reason is None:
+    told = _told(t, body, policy, named)
+    if told is None:
         return
+    if told.state is TrialState.COMPLETE:
+        _told_window(state, body, t, told)
+        return
+    reason = told.user_attrs.get("fail_reason")
+    if not isinstance(reason, str):
+        return  # failed as stale: resumed, and its window told as a trial of its own
+    meta = body["metadata"]
     state.trial = None
     state.episode_trials += 1
     if state.pending_restore is None:
@@ -315,3 +337,44 @@ def end_told(state: LoopState, body: Mapping[str, Any], policy: OperatorPolicy,
     log.warning("%s/%s: the trial on record, %d, was ended already (%s): not resumed, "
                 "the episode's config owed to the pods", meta["namespace"], meta["name"],
                 t.number, reason)
+
+
+def _told_window(state: LoopState, body: Mapping[str, Any], t: RunningTrial,
+                 told: FrozenTrial) -> None:
+    """Trial ``t`` on record was told its window's verdict (``told``) by a loop killed
+    before its status said so. Resumed, it was judged again on a window measured up to
+    the restarted tick (after the cut of a breach, on a pod that ran the restored config
+    meanwhile, or at a load that moved): a trial the study holds infeasible was
+    committed, or one it holds feasible, and committed already, was followed by the next
+    trial; and its config went back on its pod for that window. The study's verdict is
+    the loop's, as at the tell (``trial_window._scored``): a window that held makes the
+    trial the episode's best and resumes its commit (COMMIT); one that missed ends the
+    trial, and the episode asks its next one. A completed trial whose result this
+    version cannot read ends as one told failed does, its episode's config owed."""
+    meta = body["metadata"]
+    result = result_of(told)
+    state.trial = None
+    state.episode_trials += 1
+    if result is None:
+        if state.pending_restore is None:
+            state.pending_restore = PendingRestore(
+                since=t.started_at, attempts=0, retry_at=t.started_at, trial=t.number,
+                error=f"trial {t.number} was told in its study, its result unread")
+        state.reason = f"trial {t.number} was told in its study; its result unread"
+    elif result.feasible and state.state is ControllerState.TUNING:
+        state.count_measured()
+        state.episode_feasible += 1
+        if state.best_goodput is None or result.goodput_tok_s > state.best_goodput:
+            state.best_config, state.best_goodput = dict(t.config), result.goodput_tok_s
+        check(state.state, ControllerState.COMMIT, Event.TRIAL_HOLDS)
+        state.state = ControllerState.COMMIT
+        state.reason = (f"trial {t.number} holds the SLO (goodput "
+                        f"{result.goodput_tok_s:.0f} tok/s), as told to its study before "
+                        "a restart")
+    else:
+        state.count_measured()
+        state.reason = (f"trial {t.number} {'holds' if result.feasible else 'infeasible'}"
+                        ", as told to its study before a restart")
+    log.warning("%s/%s: the trial on record, %d, was told in its study already: not "
+                "resumed nor judged again (%s)", meta["namespace"], meta["name"], t.number,
+                state.reason)
