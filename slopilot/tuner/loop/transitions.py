@@ -97,9 +97,12 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition(S.SCALING, S.TUNING, Event.RETUNE_SUFFICES,
                "the offline study finds a config that holds at this replica count"),
     Transition(S.SCALING, S.TUNING, Event.CAPACITY_SUFFICES,
-               "the simulator holds the SLO at the current replica count"),
+               "the simulator holds the SLO at the current replica count (not on a count "
+               "its search gave up at: below max, that search goes on above the count "
+               "that breached and scales up)"),
     Transition(S.SCALING, S.TUNING, Event.TUNE_CLOSEST,
-               "at max replicas and nothing holds in simulation: try the closest live"),
+               "at max replicas and nothing holds in simulation (or its search gave up at "
+               "a count the breaching max lies above): try the closest live"),
     Transition(S.SCALING, S.COOLDOWN, Event.SCALED_UP, "scaled up to the planned count"),
     Transition(S.SCALING, S.COOLDOWN, Event.MAX_REPLICAS,
                "at max replicas after live evidence that nothing holds: say so"),
