@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from slopilot.operator.kubeapi import ApiError, Kube
+    from slopilot.operator.peer_registry import Registration
+    from slopilot.operator.peer_strip import PeerStrip
     from slopilot.operator.peering import Ensured
     from slopilot.operator.served_patterns import ServedPatterns
 
@@ -156,6 +158,8 @@ def run(args: argparse.Namespace) -> int:
         log.info("slopilot operator: controller series at %s:%d/metrics", *args.metrics)
     stop = _stop_event()
     with _signals_stop(stop):
+        from kopf._core.engines.peering import detect_own_id
+
         from slopilot.operator.peering import is_glob, terminating_namespaces
         from slopilot.operator.peering_keeper import STOP_WITHIN_S
         from slopilot.operator.served_patterns import ServedPatterns
@@ -176,7 +180,12 @@ def run(args: argparse.Namespace) -> int:
         else:
             log.info("slopilot operator: peering %r at priority %d (lifetime %d s)",
                      args.peering, args.priority, lifetime)
-        keeper = (_keep_peerings(kube, args.peering, namespaces, stop)
+        identity = detect_own_id(manual=False)
+        registration = None
+        if not args.standalone and not args.all_namespaces:
+            registration = _register_peer(kube, args, identity, lifetime, namespaces, stop)
+        keeper = (_keep_peerings(kube, args.peering, namespaces, stop,
+                                 registration[1] if registration else None)
                   if not args.standalone and not args.all_namespaces else None)
         threading.Thread(target=_reclaim,
                          args=(None if args.all_namespaces else args.namespace,),
@@ -187,11 +196,14 @@ def run(args: argparse.Namespace) -> int:
                 standalone=args.standalone or None,
                 peering_name=None if args.standalone else args.peering,
                 priority=None if args.standalone else args.priority,
+                identity=identity,
                 liveness_endpoint=args.liveness, stop_flag=stop), stop)
         finally:
             stop.set()  # kopf may have ended on its own: the keeper ends with it
             if keeper is not None:
                 keeper.join(STOP_WITHIN_S)
+            if registration is not None:  # after kopf: its last touch removed its entries
+                registration[0].withdraw()
 
 
 def _stop_event() -> threading.Event:
@@ -238,16 +250,60 @@ def _peering_fix(exc: ApiError) -> str:
     return "apply manifests/kopf-peering.yaml (its CRDs) first"
 
 
+def _register_peer(kube: Kube, args: argparse.Namespace, identity: str, lifetime: int,
+                   patterns: ServedPatterns, stop: threading.Event
+                   ) -> tuple[Registration, PeerStrip] | None:
+    """This replica registered as a peer in the operator's namespace (renewed beside
+    kopf until ``stop``), and the judge that strips the served namespaces' KopfPeerings
+    of the peers no replica registered (peer_registry.py, peer_strip.py); None where no
+    operator namespace is known or the registration is refused (warned of: the forged
+    peers a tenant may write are then left in place)."""
+    from slopilot.operator.kubeapi import ApiError
+    from slopilot.operator.peer_registry import (
+        ROLE,
+        Registration,
+        known_operator_namespace,
+    )
+    from slopilot.operator.peer_strip import PeerStrip
+
+    home = known_operator_namespace()
+    if home is None:
+        log.warning("slopilot operator: no operator namespace known (no "
+                    "$SLOPILOT_OPERATOR_NAMESPACE, no service account): this run registers "
+                    "as a peer nowhere and strips no forged peers from the KopfPeerings; "
+                    "the in-cluster replicas remove its peer entries (so do not count on "
+                    "them pausing for it: scale them to 0, or set "
+                    "$SLOPILOT_OPERATOR_NAMESPACE to their namespace where this login may "
+                    "write leases)")
+        return None
+    registration = Registration(kube, home, args.peering, identity, args.priority, lifetime)
+    try:
+        registration.register()
+    except ApiError as exc:
+        log.warning("slopilot operator: cannot register as a peer in namespace %s (%s): "
+                    "forged peers in the served namespaces' KopfPeerings are not removed, "
+                    "and other replicas remove this one's entries; bind the Role %s "
+                    "(manifests/rbac.yaml) to the operator's account there", home, exc, ROLE)
+        return None
+    threading.Thread(target=registration.keep, args=(stop,), name="peer-registration",
+                     daemon=True).start()
+    log.info("slopilot operator: registered as peer %r in namespace %s", identity, home)
+    return registration, PeerStrip(kube, args.peering, home, lifetime,
+                                   (identity, args.priority), patterns.served, stop=stop)
+
+
 def _keep_peerings(kube: Kube, name: str, patterns: ServedPatterns,
-                   stop: threading.Event) -> threading.Thread:
+                   stop: threading.Event, strip: PeerStrip | None = None
+                   ) -> threading.Thread:
     """A KopfPeering in each namespace kopf starts serving while it runs (a glob's, one
-    created again, one left out at the start and created again): peering_keeper.py,
-    beside kopf, until ``stop``."""
+    created again, one left out at the start and created again), stripped of forged
+    peers by ``strip``: peering_keeper.py, beside kopf, until ``stop``."""
     from slopilot.operator.peering_keeper import keep_peerings
 
     keeper = threading.Thread(target=keep_peerings, args=(kube, name, patterns.served, stop),
-                              kwargs={"left_out": patterns}, name="peering-keeper",
-                              daemon=True)
+                              kwargs={"left_out": patterns,
+                                      "judge": strip.judge if strip else None},
+                              name="peering-keeper", daemon=True)
     keeper.start()
     return keeper
 

@@ -42,6 +42,7 @@ makes nothing of what it reads after the stop.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -74,20 +75,23 @@ NAMESPACES_RULE = 'apiGroups: [""], resources: [namespaces], verbs: [list, watch
 lacks, as its warning names it."""
 NAMESPACES = "/api/v1/namespaces"
 PEERINGS = f"/apis/{API_VERSION}/kopfpeerings"
+Judge = Callable[[dict[str, Any]], None]
 
 
 def keep_peerings(kube: Kube, name: str, served: Callable[[str], bool],
                   stop: threading.Event, *, left_out: LeftOut | None = None,
                   resync_s: int = RESYNC_S, clock: Callable[[], float] = time.monotonic,
-                  ) -> None:
+                  judge: Judge | None = None) -> None:
     """Keep a peering object in each served namespace until ``stop`` (module docstring);
     returns once its threads have ended. ``left_out``: the namespaces left out of kopf's
-    patterns at the start, each put back once gone."""
+    patterns at the start, each put back once gone. ``judge``: handed each peering object
+    listed or watched (peer_strip.py: its peers no replica registered removed)."""
     keeper = PeeringKeeper(kube, name, served, left_out=left_out, clock=clock, stop=stop)
     calls = Open()
+    peerings = functools.partial(_peerings, judge=judge)
     threads = [threading.Thread(target=job, args=(keeper, stop, calls, resync_s),
                                 name=f"peering-keeper-{what}", daemon=True)
-               for what, job in (("namespaces", _namespaces), ("peerings", _peerings),
+               for what, job in (("namespaces", _namespaces), ("peerings", peerings),
                                  ("retries", _retries))]
     for thread in threads:
         thread.start()
@@ -182,16 +186,30 @@ class _Refusal:
 
 
 def _peerings(keeper: PeeringKeeper, stop: threading.Event, calls: Open,
-              resync_s: int) -> None:
+              resync_s: int, judge: Judge | None = None) -> None:
+    def judged(peering: dict[str, Any]) -> None:
+        if judge is None:
+            return
+        try:
+            judge(peering)
+        except Exception as exc:  # the watch must go on: the next event is judged again
+            log.warning("slopilot operator: KopfPeering %s/%s not judged for forged peers "
+                        "(%s)", (peering.get("metadata") or {}).get("namespace"),
+                        keeper.name, exc)
+
     def listed(listing: dict[str, Any]) -> None:
         keeper.peerings_listed([
             str(p["metadata"].get("namespace")) for p in listing.get("items") or []
             if p.get("metadata", {}).get("name") == keeper.name])
+        for peering in listing.get("items") or []:
+            judged(peering)
 
     def seen(event: dict[str, Any]) -> None:
         meta = (event.get("object") or {}).get("metadata") or {}
         if event.get("type") == "DELETED" and meta.get("name") == keeper.name:
             keeper.peering_gone(str(meta.get("namespace")))
+        elif event.get("type") in ("ADDED", "MODIFIED"):
+            judged(event["object"])
 
     def forbidden(exc: ApiError, first: bool) -> float:
         # An install from before this grant: each served namespace's object is checked

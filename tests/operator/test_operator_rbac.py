@@ -45,6 +45,7 @@ from slopilot.operator.crd import crd_manifest
 from slopilot.operator.kubeapi import Kube
 from slopilot.operator.reconcile import covers
 from slopilot.operator.render import DEFAULT_OPERATOR_NAMESPACE
+from slopilot.operator.settings import PEERING_LIFETIME_ENV
 from slopilot.operator.study_ledger import LEDGER, entry_key
 from slopilot.tuner.study.storage import open_study, study_names
 from tests.operator.operator_support import (
@@ -135,10 +136,14 @@ LEDGER_ROLE = "slopilot-operator-study-ledger"
 LEDGER_PATCH = _all(LEDGER_ROLE, "", "configmaps", "patch",
                     "a namespace's record written again (a second storage, a rebuild): "
                     "test_study_reclaim.py, test_study_ledger_tenants.py")
+PEERS_ROLE = "slopilot-operator-peers"
 CLUSTER_WIDE = Shape(
     "cluster-wide", ("--all-namespaces",), cluster_wide(), {
         **_all(ACCOUNT, "kopf.dev", "kopfpeerings", PEERING_VERBS,
                "the namespaced shape's peering: one KopfPeering per served namespace"),
+        **_all(PEERS_ROLE, "coordination.k8s.io", "leases", "list create patch delete",
+               "the namespaced shape's peer registrations (its KopfPeerings are tenants' "
+               "to write; the ClusterKopfPeering is not)"),
         **LEDGER_PATCH,
     })
 NAMESPACED = Shape(
@@ -185,6 +190,9 @@ def running(kube: RunningEmulator, tmp_path: Path, studies: Path, request: pytes
            "SLOPILOT_CONTROLLER_FACTORY": "tests.operator.standins:build_controller",
            "SLOPILOT_CONTROLLER_TICK_S": "0.2",
            "SLOPILOT_OPERATOR_NAMESPACE": DEFAULT_OPERATOR_NAMESPACE,
+           # The peer registration renewed (a third of it) well within the life: its
+           # patch is used, not idle by chance.
+           PEERING_LIFETIME_ENV: "6",
            # A directory for the CRs' own files, and one shared database the reclaim
            # visits for every served namespace.
            "SLOPILOT_ALLOWED_STORAGE": f"sqlite:///{studies}/*,sqlite:///{studies}/shared.db"}
