@@ -19,6 +19,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import kubernetes.client
 import pytest
 import yaml
 
@@ -35,8 +36,15 @@ from slopilot.operator.peer_strip import WARN_EVERY_S, PeerStrip, corrections
 from slopilot.operator.peering_keeper import keep_peerings
 from slopilot.operator.render import DEFAULT_OPERATOR_NAMESPACE
 from slopilot.operator.study_reclaim import serving
-from tests.operator.operator_support import wait_for
-from tests.operator.test_operator_rbac import MANIFESTS
+from tests.operator.operator_support import Cluster, llmd, wait_for
+from tests.operator.test_operator_rbac import MANIFESTS, Operator
+from tests.operator.test_peering_keeper import (  # noqa: F401  # fixtures
+    operators,
+    peering_crds,
+    peering_in,
+    served_by,
+    start_operator,
+)
 from tests.support.kube_server import RunningEmulator
 
 PEERING = "slopilot"
@@ -69,10 +77,10 @@ class Wall:
 
 
 @pytest.fixture
-def cluster(kube: RunningEmulator) -> Kube:
+def cluster(kube: RunningEmulator, kube_client: kubernetes.client.ApiClient) -> Kube:
     kube.install(*yaml.safe_load_all((MANIFESTS / "kopf-peering.yaml").read_text(
         encoding="utf-8")), namespace(OPS), namespace("team-a"), namespace("team-b"))
-    return Kube(kube.api_client())
+    return Kube(kube_client)
 
 
 def status_in(kube: Kube, ns: str) -> dict[str, Any]:
@@ -250,3 +258,45 @@ def test_the_judge_failing_leaves_the_watch_going(
             stop.set()
             keeper.join(10)
     assert "not judged for forged peers (boom)" in caplog.text
+
+
+def test_a_tenants_forged_peer_pauses_no_other_tenant(
+        kube: RunningEmulator, kube_client: kubernetes.client.ApiClient, tmp_path: Path,
+        peering_crds: None, operators: list[Operator]) -> None:  # noqa: F811
+    """The operator's own process, as its ServiceAccount with the namespaced RBAC: team-a
+    (who may patch kopfpeerings there) writes a peer of priority 2**31 living 10**9 s
+    into its KopfPeering; team-b's new CR is still reconciled. Before, kopf paused the
+    whole operator for good."""
+    served_by(kube, "team-a", "team-b")
+    operators.append(op := start_operator(kube, tmp_path, "--namespace", "team-a",
+                                          "--namespace", "team-b", "--priority", "10"))
+    team_a = Cluster(kube_client, namespace="team-a")
+    team_b = Cluster(kube_client, namespace="team-b")
+    body = llmd("first", tuning={"enabled": False})
+    body["metadata"]["namespace"] = "team-b"
+    team_b.create(body)
+    wait_for(lambda: team_b.owned("apps/v1", "deployments", "first"),
+             what="team-b served at the start")
+    ours = set(wait_for(lambda: peering_in(team_a, "team-a").get("status"),
+                        what="the operator's own entry in team-a"))
+    # kopf writes under the very identity the replica registered (the other replicas
+    # vouch for its entries by it).
+    assert ours == set(read_registrations(Kube(kube_client), OPS, PEERING)[0])
+
+    forged = {"priority": 2**31, "lifetime": 10**9,
+              "lastseen": datetime.datetime.now(datetime.UTC).isoformat()}
+    team_a.custom.patch_namespaced_custom_object(
+        "kopf.dev", "v1", "team-a", "kopfpeerings", PEERING,
+        {"status": {"tenant-a-fake": forged}})
+    wait_for(lambda: "tenant-a-fake" not in (peering_in(team_a, "team-a").get("status")
+                                             or {}), what="the forged peer removed")
+    body = llmd("second", tuning={"enabled": False})
+    body["metadata"]["namespace"] = "team-b"
+    team_b.create(body)
+    wait_for(lambda: team_b.owned("apps/v1", "deployments", "second"),
+             what="team-b's CR reconciled after team-a's forged peer")
+    assert set(peering_in(team_a, "team-a").get("status") or {}) <= ours
+    assert "KopfPeering team-a/slopilot was written by someone other" in op.output()
+    assert op.stop() == 0, op.output()
+    # Its registration went with it.
+    assert read_registrations(Kube(kube_client), OPS, PEERING)[0] == {}

@@ -224,7 +224,8 @@ def test_a_namespace_being_deleted_at_the_start_is_left_out_of_kopf(
     monkeypatch.setattr(kubeapi, "Kube", lambda client: RefusingIn(client, "team-b",
                                                                    terminating))
     kept: list[Any] = []
-    monkeypatch.setattr(commands, "_keep_peerings", lambda kube, name, patterns, stop:
+    monkeypatch.setattr(commands, "_keep_peerings",
+                        lambda kube, name, patterns, stop, strip=None:
                         kept.append(patterns))
     served: dict[str, Any] = {}
     monkeypatch.setattr(kopf, "run", lambda **kwargs: served.update(kwargs))
@@ -254,7 +255,8 @@ def test_a_namespace_of_a_glob_being_deleted_at_the_start_is_left_out_of_kopf(
     with kube_login.api_client() as client:
         kubernetes.client.CoreV1Api(client).delete_namespace("team-b")  # Terminating
     kept: list[Any] = []
-    monkeypatch.setattr(commands, "_keep_peerings", lambda kube, name, patterns, stop:
+    monkeypatch.setattr(commands, "_keep_peerings",
+                        lambda kube, name, patterns, stop, strip=None:
                         kept.append(patterns))
     served: dict[str, Any] = {}
     monkeypatch.setattr(kopf, "run", lambda **kwargs: served.update(kwargs))
