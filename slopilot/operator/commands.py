@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import logging
 import random
 import signal
@@ -185,7 +186,7 @@ def run(args: argparse.Namespace) -> int:
         if not args.standalone and not args.all_namespaces:
             registration = _register_peer(kube, args, identity, lifetime, namespaces, stop)
         keeper = (_keep_peerings(kube, args.peering, namespaces, stop,
-                                 registration[1] if registration else None)
+                                 registration.strip if registration else None)
                   if not args.standalone and not args.all_namespaces else None)
         threading.Thread(target=_reclaim,
                          args=(None if args.all_namespaces else args.namespace,),
@@ -203,7 +204,8 @@ def run(args: argparse.Namespace) -> int:
             if keeper is not None:
                 keeper.join(STOP_WITHIN_S)
             if registration is not None:  # after kopf: its last touch removed its entries
-                registration[0].withdraw()
+                registration.renewals.join(STOP_WITHIN_S)  # a renewal in flight ends first:
+                registration.lease.withdraw()  # its 404 would make the Lease again
 
 
 def _stop_event() -> threading.Event:
@@ -250,9 +252,18 @@ def _peering_fix(exc: ApiError) -> str:
     return "apply manifests/kopf-peering.yaml (its CRDs) first"
 
 
+@dataclasses.dataclass(frozen=True)
+class _Registered:
+    """This replica's peer registration, the thread renewing it, and its judge."""
+
+    lease: Registration
+    renewals: threading.Thread
+    strip: PeerStrip
+
+
 def _register_peer(kube: Kube, args: argparse.Namespace, identity: str, lifetime: int,
                    patterns: ServedPatterns, stop: threading.Event
-                   ) -> tuple[Registration, PeerStrip] | None:
+                   ) -> _Registered | None:
     """This replica registered as a peer in the operator's namespace (renewed beside
     kopf until ``stop``), and the judge that strips the served namespaces' KopfPeerings
     of the peers no replica registered (peer_registry.py, peer_strip.py); None where no
@@ -285,11 +296,13 @@ def _register_peer(kube: Kube, args: argparse.Namespace, identity: str, lifetime
                     "and other replicas remove this one's entries; bind the Role %s "
                     "(manifests/rbac.yaml) to the operator's account there", home, exc, ROLE)
         return None
-    threading.Thread(target=registration.keep, args=(stop,), name="peer-registration",
-                     daemon=True).start()
+    renewals = threading.Thread(target=registration.keep, args=(stop,),
+                                name="peer-registration", daemon=True)
+    renewals.start()
     log.info("slopilot operator: registered as peer %r in namespace %s", identity, home)
-    return registration, PeerStrip(kube, args.peering, home, lifetime,
-                                   (identity, args.priority), patterns.served, stop=stop)
+    return _Registered(registration, renewals, PeerStrip(
+        kube, args.peering, home, lifetime, (identity, args.priority), patterns.served,
+        stop=stop))
 
 
 def _keep_peerings(kube: Kube, name: str, patterns: ServedPatterns,
