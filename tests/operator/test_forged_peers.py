@@ -13,6 +13,7 @@ no fresh registration vouches for (peer_strip.py).
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import logging
 import threading
@@ -23,7 +24,7 @@ import kubernetes.client
 import pytest
 import yaml
 
-from slopilot.operator.kubeapi import Kube
+from slopilot.operator.kubeapi import ApiError, Kube
 from slopilot.operator.peer_registry import (
     API_VERSION,
     PLURAL,
@@ -35,6 +36,7 @@ from slopilot.operator.peer_registry import (
 from slopilot.operator.peer_strip import WARN_EVERY_S, PeerStrip, corrections
 from slopilot.operator.peering_keeper import keep_peerings
 from slopilot.operator.render import DEFAULT_OPERATOR_NAMESPACE
+from slopilot.operator.served_patterns import ServedPatterns
 from slopilot.operator.study_reclaim import serving
 from tests.operator.operator_support import Cluster, llmd, wait_for
 from tests.operator.test_operator_rbac import MANIFESTS, Operator
@@ -300,3 +302,66 @@ def test_a_tenants_forged_peer_pauses_no_other_tenant(
     assert op.stop() == 0, op.output()
     # Its registration went with it.
     assert read_registrations(Kube(kube_client), OPS, PEERING)[0] == {}
+
+
+class RefusedLeases(Kube):
+    def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        if "/leases" in path:
+            raise ApiError(403, "Forbidden", "leases is forbidden")
+        return super().request(method, path, **kwargs)
+
+
+def _register_args() -> argparse.Namespace:
+    return argparse.Namespace(peering=PEERING, priority=10)
+
+
+def test_a_run_with_no_operator_namespace_registers_nowhere_and_strips_nothing(
+        cluster: Kube, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    from slopilot.operator import commands, peer_registry
+
+    monkeypatch.delenv("SLOPILOT_OPERATOR_NAMESPACE", raising=False)
+    monkeypatch.setattr(peer_registry, "_SERVICE_ACCOUNT_NAMESPACE", Path("/nonexistent"))
+    with caplog.at_level(logging.WARNING):
+        assert commands._register_peer(cluster, _register_args(), "me", LIFETIME_S,
+                                       ServedPatterns(["team-a"], {}),
+                                       threading.Event()) is None
+    assert [r.getMessage() for r in caplog.records if "no operator namespace known" in
+            r.getMessage()] != []
+    assert len(caplog.records) == 1
+    assert read_registrations(cluster, OPS, PEERING)[0] == {}
+
+
+def test_a_refused_registration_is_warned_of_naming_the_role(
+        cluster: Kube, kube_client: kubernetes.client.ApiClient,
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    from slopilot.operator import commands
+
+    monkeypatch.setenv("SLOPILOT_OPERATOR_NAMESPACE", OPS)
+    with caplog.at_level(logging.WARNING):
+        assert commands._register_peer(RefusedLeases(kube_client), _register_args(), "me",
+                                       LIFETIME_S, ServedPatterns(["team-a"], {}),
+                                       threading.Event()) is None
+    assert "cannot register as a peer in namespace slopilot-system (403" in caplog.text
+    assert "slopilot-operator-peers" in caplog.text
+
+
+def test_a_registered_run_renews_until_its_stop(
+        cluster: Kube, monkeypatch: pytest.MonkeyPatch) -> None:
+    from slopilot.operator import commands
+
+    monkeypatch.setenv("SLOPILOT_OPERATOR_NAMESPACE", OPS)
+    stop = threading.Event()
+    made = commands._register_peer(cluster, _register_args(), "me", 2,
+                                   ServedPatterns(["team-a"], {}), stop)
+    assert made is not None
+    first = read_registrations(cluster, OPS, PEERING)[0]["me"]
+    assert first.priority == 10
+    try:
+        wait_for(lambda: read_registrations(cluster, OPS, PEERING)[0]["me"].renewed >
+                 first.renewed, what="the registration renewed")
+    finally:
+        stop.set()
+        made.renewals.join(10)
+    made.lease.withdraw()
+    assert read_registrations(cluster, OPS, PEERING)[0] == {}
