@@ -28,6 +28,7 @@ import iso8601
 
 from slopilot.operator.kubeapi import ApiError, Kube
 from slopilot.operator.peer_registry import (
+    ROLE,
     Registered,
     Wall,
     read_registrations,
@@ -93,6 +94,7 @@ class PeerStrip:
     stop: threading.Event = field(default_factory=threading.Event)
     _known: dict[str, Registered] | None = None
     _warned: dict[str, float] = field(default_factory=dict)
+    _unread_at: float | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def registered(self, *, fresh_read: bool) -> dict[str, int]:
@@ -107,7 +109,8 @@ class PeerStrip:
 
     def judge(self, peering: Mapping[str, Any]) -> None:
         """Strip ``peering`` (a KopfPeering as listed or watched) of what no replica
-        registered. ApiError where the registrations may not be read."""
+        registered; a refused read of the registrations is warned of (rate-limited), a
+        refused patch raised (ApiError)."""
         meta = peering.get("metadata") or {}
         ns = meta.get("namespace")
         if (meta.get("name") != self.peering or not isinstance(ns, str)
@@ -115,9 +118,13 @@ class PeerStrip:
             return
         status = peering.get("status")
         with self._lock:
-            patch = corrections(status, self.registered(fresh_read=False))
-            if patch:
-                patch = corrections(status, self.registered(fresh_read=True))
+            try:
+                patch = corrections(status, self.registered(fresh_read=False))
+                if patch:
+                    patch = corrections(status, self.registered(fresh_read=True))
+            except ApiError as exc:
+                self._unread(exc)
+                return
         if not patch:
             return
         try:
@@ -130,6 +137,17 @@ class PeerStrip:
                 return
             raise
         self._warn(ns, patch)
+
+    def _unread(self, exc: ApiError) -> None:
+        # Each keep-alive of each namespace would say it again: once per WARN_EVERY_S.
+        now = self.clock()
+        if self._unread_at is not None and now - self._unread_at < WARN_EVERY_S:
+            return
+        self._unread_at = now
+        log.warning("slopilot operator: the peer registrations in namespace %s may not be "
+                    "listed (%s): forged peers in the served namespaces' KopfPeerings are "
+                    "not removed meanwhile; bind the Role %s (manifests/rbac.yaml)",
+                    self.namespace, exc, ROLE)
 
     def _warn(self, ns: str, patch: Mapping[str, Any]) -> None:
         now = self.clock()

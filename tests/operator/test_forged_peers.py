@@ -365,3 +365,22 @@ def test_a_registered_run_renews_until_its_stop(
         made.renewals.join(10)
     made.lease.withdraw()
     assert read_registrations(cluster, OPS, PEERING)[0] == {}
+
+
+def test_registrations_that_may_not_be_read_are_warned_of_once_per_period(
+        cluster: Kube, kube_client: kubernetes.client.ApiClient,
+        caplog: pytest.LogCaptureFixture) -> None:
+    cluster.create("kopf.dev/v1", "kopfpeerings", "team-a", peering(
+        "team-a", forged=entry(2**31)))
+    clock = [0.0]
+    strip = PeerStrip(RefusedLeases(kube_client), PEERING, OPS, LIFETIME_S, ("op-1", 10),
+                      serving(["team-a"]), wall=Wall(NOW), clock=lambda: clock[0])
+    body = cluster.get("kopf.dev/v1", "kopfpeerings", "team-a", PEERING) or {}
+    with caplog.at_level(logging.WARNING):
+        strip.judge(body)
+        strip.judge(body)
+        clock[0] += WARN_EVERY_S
+        strip.judge(body)
+    assert caplog.text.count("peer registrations in namespace slopilot-system may not be "
+                             "listed (403") == 2
+    assert set(status_in(cluster, "team-a")) == {"forged"}  # nothing judged unread
