@@ -17,7 +17,9 @@ the object where it is missing, again where one is deleted by hand while its nam
 stays (kopf does not pause then, but its replicas there stop seeing each other), and tries
 a refused create again after a backoff. Where the peering objects may not be listed or
 watched, each listing of namespaces checks each served one's object instead (a GET a
-minute), until a watch of them is let through.
+minute), until a watch of them is let through. Each peering object listed or watched is
+also handed to a judge, where one is given (peer_strip.py: the peers no replica
+registered removed, a tenant's forged peer would pause every namespace).
 
 Each collection is listed and watched by a reflector (reflector.py): a watch the API
 server (or a proxy in front of it) ends at once with no event, or with its version
