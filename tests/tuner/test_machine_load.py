@@ -68,7 +68,8 @@ def test_other_processes_cpu_is_told_apart_from_the_demos(tmp_path: Path) -> Non
     [line] = load.lines()
     assert line.startswith("machine: 2 CPUs; the demo's processes used 0.6 of them on "
                            "average (peak 0.6), other processes 0.6 (peak 1.2), in 2 "
-                           "intervals of 5 s: BUSY in 1 of them (t+0.0s to t+5.0s;")
+                           "intervals over 10 s from t+0.0s (5 s each): BUSY in 1 of "
+                           "them, 5 s of the 10 (t+0.0s to t+5.0s;")
     assert "may be the machine's load, not the workload's" in line
 
 
@@ -98,3 +99,29 @@ def test_without_proc_nothing_is_measured_and_the_lines_say_so(tmp_path: Path) -
     load = MachineLoad(DEMO, proc=tmp_path / "none")
     assert load.sample(0.0) is None and load.sample(10.0) is None
     assert load.lines() == ["machine: load not measured (no /proc here)"]
+
+
+def test_intervals_of_unequal_lengths_are_told_and_weighted_by_time(tmp_path: Path) -> None:
+    """A tick that ran 40 s (a busy machine) made one interval 8 times another: the line
+    said "9 intervals of 5 s" and averaged them as equals."""
+    proc = FakeProc(tmp_path / "proc")
+    proc.machine(busy=0, idle=0)
+    proc.process(DEMO, 1, 0)
+    proc.process(HOG, 1, 0)
+    load = MachineLoad(DEMO, proc=proc.root, interval_s=5.0)
+    load.sample(10.0)
+    # 5 s: the demo 0.6 CPU, the hog 1.2 (busy).
+    proc.machine(busy=900, idle=100)
+    proc.process(DEMO, 1, 300)
+    proc.process(HOG, 1, 600)
+    load.sample(15.0)
+    # 40 s: the demo alone on half a CPU (8000 jiffies, 2000 busy).
+    proc.machine(busy=2900, idle=6100)
+    proc.process(DEMO, 1, 2300)
+    load.sample(55.0)
+    [line] = load.lines()
+    # Time-weighted: own (0.6*5 + 0.5*40) / 45 = 0.51, others 1.2*5 / 45 = 0.13.
+    assert line.startswith("machine: 2 CPUs; the demo's processes used 0.5 of them on "
+                           "average (peak 0.6), other processes 0.1 (peak 1.2), in 2 "
+                           "intervals over 45 s from t+10.0s (5-40 s each): BUSY in 1 of "
+                           "them, 5 s of the 45 (t+10.0s to t+15.0s;"), line

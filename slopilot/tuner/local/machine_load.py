@@ -147,23 +147,34 @@ class MachineLoad:
             return [f"machine: load not measured ({why})"]
         n = len(self.intervals)
         cpus = self.intervals[-1].cpus
+        # An interval lasts from one due sample to the next tick's: on a busy machine a
+        # tick ran 40 s where 5 were asked, so each counts by its length, and the line
+        # says the lengths rather than the interval asked for.
+        lengths = [i.end_s - i.start_s for i in self.intervals]
+        total_s = sum(lengths)
 
         def mean(values: list[float]) -> float:
-            return sum(values) / len(values)
+            return sum(v * s for v, s in zip(values, lengths, strict=True)) / total_s
 
         own = [i.own_cpus for i in self.intervals]
         others = [i.others_cpus for i in self.intervals]
+        short, long = min(lengths), max(lengths)
+        each = (f"{short:.0f} s each" if round(short) == round(long)
+                else f"{short:.0f}-{long:.0f} s each")
         text = (f"machine: {cpus} CPUs; the demo's processes used {mean(own):.1f} of them "
                 f"on average (peak {max(own):.1f}), other processes {mean(others):.1f} "
-                f"(peak {max(others):.1f}), in {n} intervals of {self.interval_s:g} s")
+                f"(peak {max(others):.1f}), in {n} interval{'' if n == 1 else 's'} over "
+                f"{total_s:.0f} s from t+{self.intervals[0].start_s:.1f}s ({each})")
         spans = self.busy_spans()
         rule = (f"other processes on {OTHERS_BUSY_CPUS:g} CPU or more, or every CPU "
                 f"{SATURATED:.0%} busy")
         if not spans:
             return [f"{text}: quiet (no interval had {rule})"]
         busy = sum(1 for i in self.intervals if i.busy)
+        busy_s = sum(b - a for a, b in spans)
         where = ", ".join(f"t+{a:.1f}s to t+{b:.1f}s" for a, b in spans)
-        return [f"{text}: BUSY in {busy} of them ({where}; {rule}). The simulated GPUs "
+        return [f"{text}: BUSY in {busy} of them, {busy_s:.0f} s of the {total_s:.0f} "
+                f"({where}; {rule}). The simulated GPUs "
                 "pace their steps on these CPUs, and a late step reads as a slow GPU: an "
                 "alert, a trial's verdict or the twin's step-time error in those spans may "
                 "be the machine's load, not the workload's"]
