@@ -288,3 +288,24 @@ def test_the_timeline_breaks_its_lines_where_no_sample_was_taken() -> None:
     steady = timeline_figure(SAMPLES, SLO, shift_at_s=1.0, subject=SUBJECT)
     assert not any(t.get_text().startswith("no sample")
                    for t in steady.axes[0].get_legend().get_texts())
+
+
+def _strict(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON (JSON.parse refuses it)")
+
+
+def test_timeline_json_is_standard_json_with_null_where_a_window_had_no_figure(
+        tmp_path: Path) -> None:
+    """A window with no P99 wrote a bare NaN: 53 of them in one run, and JSON.parse (or
+    jq) refused the file."""
+    import json
+    import math
+
+    samples = [Sample(t_s=0.0, p99_ms={"p0_ttft_p99_ms": math.nan,
+                                       "p1_ttft_p99_ms": math.inf}, token_budget=512,
+                      chunk_size=256, replicas=1, trial=None), *SAMPLES[1:]]
+    write_demo_report(tmp_path / "report.md", study(ttft_of_budget=True, n=6), SLO,
+                      samples, [], shift_at_s=2.0, subject=SUBJECT)
+    data = json.loads((tmp_path / "timeline.json").read_text(), parse_constant=_strict)
+    assert data["samples"][0]["p99_ms"] == {"p0_ttft_p99_ms": None, "p1_ttft_p99_ms": None}
+    assert data["samples"][1]["p99_ms"] == {"p1_ttft_p99_ms": 101.0}

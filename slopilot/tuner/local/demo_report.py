@@ -11,13 +11,13 @@ shift is a dashed line. The suptitle names the scenario, the twin and the run.
 from __future__ import annotations
 
 import itertools
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from slopilot.engine import strict_json
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.profile_file import write_text_atomically
 from slopilot.engine.slo import SLOSpec
@@ -255,7 +255,8 @@ def write_demo_report(path: Path, tuner: Tuner, slo: SLOSpec, samples: list[Samp
                                    events=events), plot, dpi=90)
     else:  # an earlier run's plot would read as this run's
         plot.unlink(missing_ok=True)
-    write_text_atomically(out / TIMELINE[1], json.dumps(
+    # A window with no figure is NaN in a sample: null in the file, which JSON.parse reads.
+    write_text_atomically(out / TIMELINE[1], strict_json.dumps(
         {"shift_at_s": shift_at_s, "samples": [asdict(s) for s in samples],
          "decisions": lines, "machine_busy": [list(span) for span in busy],
          "episodes": [] if result is None else [e.describe() for e in result.episodes]},
