@@ -181,13 +181,13 @@ def test_the_summary_lists_every_episode_with_the_printed_times() -> None:
     s, result, _ = committed(alert_at=133.9, trials=[(133.9, GOOD)], commit_at=149.0)
     s.finish(160.0)
     lines = summary_lines(result)
-    assert lines[0] == "summary: 1 episode, 1 trial; report report.md"
+    assert lines[0] == "summary: 1 episode, 1 trial started; report report.md"
     assert lines[1] == "  " + result.episodes[0].describe()
     assert "t+133.9s" in lines[1] and "t+149.0s" in lines[1]
     assert lines[2] == ("  ended committed: trial 0's config {'token_budget': 512, "
                         "'chunk_size': 256}, committed at t+149.0s in episode 1")
     assert summary_lines(DemoResult(report=Path("r.md")))[0] == (
-        "summary: no episode (no trial, commit or scale), 0 trials; report r.md")
+        "summary: no episode (no trial, commit or scale), 0 trials started; report r.md")
 
 
 def test_a_twin_check_is_told_and_reported() -> None:

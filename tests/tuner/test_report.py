@@ -189,3 +189,20 @@ def test_a_live_studys_report_leaves_out_the_columns_its_windows_cannot_fill(
         assert f"| {kept} |" in header, header
     assert "| p1 | 10 | 400 ms | 50.0 ms |" in best, best
     assert "left out: the live windows" in best, best
+
+
+def test_the_trial_count_says_which_trials_ran_and_leaves_queued_ones_apart(
+        tmp_path: Path) -> None:
+    """The demo's report said "0 completed trials of 2" where it started one trial (its
+    terminal: "1 trial"): the second was a warm start queued and never run, and the one
+    that ran was cut by the end of the run."""
+    tuner = study(ttft_of_budget=True, n=2)
+    start = tuner.space.config_of(tuner.study.trials[0].params)
+    tuner.warm_start([{**start, "max_num_seqs": n} for n in (9, 10)])
+    number, _ = tuner.ask()  # the first queued one, running when the report is written
+    text = write_report(tuner, SLO, tmp_path, subject=SUBJECT).read_text()
+    assert (f"Study `imp`: 2 completed trials of 3 started (trial {number} was unfinished "
+            "when the report was written); 1 more queued, never started.") in text
+    done = write_report(study(ttft_of_budget=True, n=2), SLO, tmp_path / "b",
+                        subject=SUBJECT).read_text()
+    assert "Study `imp`: 2 completed trials of 2 started.\n" in done

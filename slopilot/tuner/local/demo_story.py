@@ -81,7 +81,10 @@ def summary_lines(result: DemoResult) -> list[str]:
                 else "no episode (no trial, commit or scale)")
     if result.stopped_by and not result.report_written:
         return [f"stopped by {result.stopped_by} before the report was written: no report"]
-    lines = [f"summary: {episodes}, {_plural(result.trials, 'trial')}; report {result.report}"]
+    # "started", as the report's first line counts them: a warm start queued but never
+    # run is not one, and a trial cut by the end of the run is.
+    lines = [f"summary: {episodes}, {_plural(result.trials, 'trial')} started; report "
+             f"{result.report}"]
     if result.stopped_at_s is not None:
         lines.append(f"  stopped by {result.stopped_by} at t+{result.stopped_at_s:.1f}s: the "
                      "run up to then")

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from optuna.trial import TrialState
+
 from slopilot.engine.sim.profile_file import write_text_atomically
 from slopilot.engine.sim.summary_view import COLUMNS, DEFINITIONS, footer, rows
 from slopilot.engine.slo import SLOSpec
@@ -257,6 +259,27 @@ def _judged_in(results: Sequence[tuple[int, TrialResult]]) -> str:
     return judged_where([r for _, r in results])
 
 
+def trials_line(tuner: Tuner, results: Sequence[tuple[int, TrialResult]]) -> str:
+    """The study's trials as the report's first line: those completed of those started,
+    any unfinished named, and any queued (a warm start) told apart. Counted as one, a
+    queued trial that never ran read as a trial of the run: the demo's report said "0
+    completed trials of 2" where its summary said "1 trial"."""
+    trials = tuner.study.get_trials(deepcopy=False)
+    queued = sum(1 for t in trials if t.state == TrialState.WAITING)
+    unfinished = [t.number for t in trials if t.state == TrialState.RUNNING]
+    started = len(trials) - queued
+    text = (f"Study `{tuner.study.study_name}`: {len(results)} completed "
+            f"trial{'' if len(results) == 1 else 's'} of {started} started")
+    if unfinished:
+        which = ", ".join(map(str, unfinished))
+        text += (f" (trial{'' if len(unfinished) == 1 else 's'} {which} "
+                 f"{'was' if len(unfinished) == 1 else 'were'} unfinished when the report "
+                 "was written)")
+    if queued:
+        text += f"; {queued} more queued, never started"
+    return text + "."
+
+
 def write_report(tuner: Tuner, slo: SLOSpec, out_dir: Path, *, subject: PlotSubject,
                  top: int = 10, start: TrialResult | None = None,
                  title: str = "Tuning report", context: ReportContext | None = None,
@@ -265,8 +288,7 @@ def write_report(tuner: Tuner, slo: SLOSpec, out_dir: Path, *, subject: PlotSubj
     its first, ending in ``tail``'s) into ``out_dir``; returns the report's path."""
     out_dir.mkdir(parents=True, exist_ok=True)
     results = tuner.results()
-    lines = [f"# {title}", "", f"Study `{tuner.study.study_name}`: {len(results)} completed "
-             f"trials of {len(tuner.study.trials)}.", "", *lead]
+    lines = [f"# {title}", "", trials_line(tuner, results), "", *lead]
     if context is not None:
         lines += _context_sections(context)
     if not results:
