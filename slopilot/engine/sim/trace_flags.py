@@ -37,7 +37,9 @@ def add_trace_arguments(p: argparse.ArgumentParser) -> None:
     scale.add_argument("--target-rate", type=float, default=None, metavar="REQ_S",
                        help="pick the time scale that gives this many requests per second")
     g.add_argument("--classes", default=None, metavar="p0=S,p1=S,p2=S",
-                   help="class shares for requests the trace gives no class (default: p1)")
+                   help="each class's share of the requests the trace gives no class, a "
+                        "fraction from 0 to 1, at most 1 in all; the rest are p1 (the "
+                        "default): p0=0.2 sends 20%% as p0 and 80%% as p1")
 
 
 def trace_options(args: argparse.Namespace) -> TraceOptions:

@@ -132,21 +132,53 @@ def test_a_class_given_twice_in_classes_is_named(text: str, named: str) -> None:
         parse_classes(text)
 
 
-def test_classes_as_large_as_a_float_holds_are_shares() -> None:
-    mix = parse_classes("p0=1e308,p1=1e308")
-    assert mix is not None and mix.shares[Priority.P0] == 0.5
+def test_classes_are_shares_and_the_rest_goes_to_p1() -> None:
+    """``--classes p0=0.2`` sent every request as p0: the values were weights, scaled to
+    sum to 1, where the help said shares and a user meant 20 % p0, the rest the default
+    class."""
+    mix = parse_classes("p0=0.2")
+    assert mix is not None
+    assert mix.shares == pytest.approx({Priority.P0: 0.2, Priority.P1: 0.8,
+                                        Priority.P2: 0.0})
+    mix = parse_classes("p0=0.1,p2=0.3")
+    assert mix is not None
+    assert mix.shares == pytest.approx({Priority.P0: 0.1, Priority.P1: 0.6,
+                                        Priority.P2: 0.3})
+    # Shares that sum to 1 run as they always did (docs/tuning.md's p0=0.2,p1=0.8), as
+    # does tune's own command line, the shares it read written back (to the ulp).
+    mix = parse_classes("p0=0.1,p1=0.2,p2=0.7")
+    assert mix is not None and mix.shares[Priority.P1] == pytest.approx(0.2)
+    assert parse_classes("p0=0") == parse_classes("p1=1")  # no p0: all p1
+
+
+@pytest.mark.parametrize(("text", "said"), [
+    # Accepted silently and scaled: p0 ran 45 %, not the 50 % given.
+    ("p0=0.5,p1=0.6", "the shares sum to 1.1, more than every request; give shares that "
+                      "sum to 1 or less (the rest go to p1), e.g. p0=0.455,p1=0.545 (the "
+                      "same scaled to 1)"),
+    ("p0=1,p1=3", "p1=3 is not a share; give each class's fraction of the requests, from "
+                  "0 to 1 (the rest go to p1), e.g. p0=0.25,p1=0.75 (the same scaled to 1)"),
+    ("p0=1e308,p1=1e308", "p0=1e+308 is not a share"),
+    ("p0=-0.1", "p0=-0.1 is not a share"),
+    ("p0=nan", "p0=nan is not a share"),
+])
+def test_classes_that_are_not_shares_are_refused_naming_the_fix(text: str, said: str
+                                                                ) -> None:
+    with pytest.raises(ScenarioError) as e:
+        parse_classes(text)
+    assert str(e.value).startswith(f"--classes {text!r}: {said}"), str(e.value)
 
 
 def test_window_and_classes_parse() -> None:
     assert parse_window("600:900") == (600.0, 900.0)
     assert parse_window(":900") == (None, 900.0)
     assert parse_window(None) == (None, None)
-    mix = parse_classes("p0=1,p1=3")
+    mix = parse_classes("p0=0.25,p1=0.75")
     assert mix is not None and mix.shares[Priority.P0] == 0.25
     for bad in ("600-900", "a:b"):
         with pytest.raises(ScenarioError, match="--trace-window"):
             parse_window(bad)
-    for bad in ("p0", "p9=1", "p0=x", "p0=0"):
+    for bad in ("p0", "p9=1", "p0=x", "p0=2"):
         with pytest.raises(ScenarioError, match="--classes"):
             parse_classes(bad)
 
