@@ -15,6 +15,7 @@ import threading
 import psycopg
 import pytest
 
+from slopilot.tuner.study import heartbeat
 from slopilot.tuner.study import storage as storage_module
 from slopilot.tuner.study.heartbeat import rdb_storage
 from slopilot.tuner.study.live import ResumableTuner
@@ -92,3 +93,91 @@ def test_the_urls_own_options_are_kept_and_its_statement_timeout_wins(
     own = f"{url}?options=-c%20statement_timeout%3D5000%20-c%20application_name%3Dteam"
     assert shown(own, "statement_timeout") == "5s"
     assert shown(own, "application_name") == "team"
+
+
+def _shown(store_url: str, *settings: str) -> list[str]:
+    store = rdb_storage(store_url, 30, 300, statement_timeout_s=1)
+    try:
+        with store.engine.connect() as conn:
+            return [str(conn.exec_driver_sql(f"SHOW {setting}").scalar())
+                    for setting in settings]
+    finally:
+        store.engine.dispose()
+
+
+def test_pgoptions_of_the_environment_are_kept_beside_the_statement_timeout(
+        postgres: PostgresServer, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    # An administrator who puts Optuna's tables in a schema of their own through libpq's
+    # environment: an ``options`` given to libpq would drop it, and every study would be
+    # looked for (and created anew) in ``public``.
+    create_database(postgres, "pgoptions")
+    url = postgres.url("pgoptions")
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE SCHEMA optuna_ns")
+    monkeypatch.setenv("PGOPTIONS", "-c search_path=optuna_ns -c application_name=admin")
+    assert _shown(url, "search_path", "application_name", "statement_timeout") == [
+        "optuna_ns", "admin", "1s"]
+    store = rdb_storage(url, 30, 300, statement_timeout_s=1)
+    try:
+        store.get_all_studies()  # creates Optuna's tables, in the schema the admin chose
+    finally:
+        store.engine.dispose()
+    monkeypatch.delenv("PGOPTIONS")
+    with psycopg.connect(url) as conn:
+        schemas = {row[0] for row in conn.execute(
+            "SELECT table_schema FROM information_schema.tables "
+            "WHERE table_name = 'studies'")}
+    assert schemas == {"optuna_ns"}
+
+
+def test_a_statement_timeout_the_environment_or_the_role_sets_wins(
+        postgres: PostgresServer, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    create_database(postgres, "admin_timeout")
+    url = postgres.url("admin_timeout")
+    monkeypatch.setenv("PGOPTIONS", "-c statement_timeout=7000")
+    assert _shown(url, "statement_timeout") == ["7s"]
+    monkeypatch.delenv("PGOPTIONS")
+    with psycopg.connect(postgres.url("postgres"), autocommit=True) as conn:
+        conn.execute('ALTER DATABASE "admin_timeout" SET statement_timeout = 0')
+    assert _shown(url, "statement_timeout") == ["0"]
+
+
+def test_the_urls_several_options_are_all_kept(
+        postgres: PostgresServer) -> None:  # noqa: F811
+    create_database(postgres, "several")
+    url = postgres.url("several")
+    own = f"{url}?options=-c%20application_name%3Dteam&options=-c%20statement_timeout%3D0"
+    assert _shown(own, "application_name", "statement_timeout") == ["team", "0"]
+
+
+def _parameters(store_url: str) -> dict[str, str]:
+    store = rdb_storage(store_url, 30, 300, statement_timeout_s=1)
+    try:
+        with store.engine.connect() as conn:
+            dbapi = conn.connection.dbapi_connection
+            assert isinstance(dbapi, psycopg.Connection), dbapi
+            return dbapi.info.get_parameters()
+    finally:
+        store.engine.dispose()
+
+
+def test_tcp_keepalives_bound_a_silent_peer_and_the_url_may_set_its_own(
+        postgres: PostgresServer) -> None:  # noqa: F811
+    # A server gone (a partition, a host down) answers nothing: no statement timeout
+    # cuts a read that waits on it; the kernel's keepalives and user timeout end it.
+    create_database(postgres, "keepalive")
+    url = postgres.url("keepalive")
+    dead = heartbeat.DEAD_PEER_S
+    got = _parameters(url)
+    assert {k: got.get(k) for k in ("keepalives", "keepalives_idle", "keepalives_interval",
+                                    "keepalives_count", "tcp_user_timeout")} == {
+        "keepalives": "1",
+        "keepalives_idle": str(heartbeat.KEEPALIVE_IDLE_S),
+        "keepalives_interval": str(heartbeat.KEEPALIVE_INTERVAL_S),
+        "keepalives_count": str(heartbeat.KEEPALIVE_COUNT),
+        "tcp_user_timeout": str(dead * 1000)}
+    assert dead >= heartbeat.KEEPALIVE_IDLE_S + heartbeat.KEEPALIVE_INTERVAL_S \
+        * heartbeat.KEEPALIVE_COUNT
+    own = _parameters(f"{url}?keepalives_idle=5&tcp_user_timeout=20000")
+    assert (own.get("keepalives_idle"), own.get("tcp_user_timeout"),
+            own.get("keepalives_count")) == ("5", "20000", str(heartbeat.KEEPALIVE_COUNT))

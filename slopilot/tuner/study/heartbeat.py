@@ -20,7 +20,8 @@ import optuna
 from optuna.exceptions import ExperimentalWarning
 from optuna.storages import RDBStorage
 from optuna.trial import FrozenTrial
-from sqlalchemy.engine import make_url
+from sqlalchemy import event
+from sqlalchemy.engine import Engine, make_url
 
 log = logging.getLogger(__name__)
 HEARTBEAT_S = 30
@@ -45,6 +46,23 @@ milliseconds (its whole trials a second at most, a deleted study's cascade a few
 minute is far past any that makes progress, and under the 2 minutes the deletion
 handler waits for a daemon's end (``handlers.DAEMON_END_GIVE_UP_S``), so a daemon's
 step held by a lock ends, with an error, before its study is deleted beside it."""
+KEEPALIVE_IDLE_S = 30
+"""A PostgreSQL storage's connection silent this long has the kernel probe its peer."""
+KEEPALIVE_INTERVAL_S = 10
+KEEPALIVE_COUNT = 4
+DEAD_PEER_S = 75
+"""A server gone (a network partition, its host down) answers nothing: no statement
+timeout ends a read that waits on it (the server would have to send the error). libpq's
+TCP keepalives (a probe after ``KEEPALIVE_IDLE_S`` of silence, one every
+``KEEPALIVE_INTERVAL_S``, ``KEEPALIVE_COUNT`` unanswered) and ``tcp_user_timeout``
+(data unacknowledged this long) close such a connection in about this long, a little
+more than the statement timeout a live server cuts at. A long statement on a live server
+is not cut: its kernel answers the probes. Nor is a backend process that hangs while its
+host lives (its kernel still answers), which only the server's own timeouts end."""
+KEEPALIVES: dict[str, int] = {
+    "keepalives": 1, "keepalives_idle": KEEPALIVE_IDLE_S,
+    "keepalives_interval": KEEPALIVE_INTERVAL_S, "keepalives_count": KEEPALIVE_COUNT,
+    "tcp_user_timeout": DEAD_PEER_S * 1000}
 
 
 def check_heartbeat(heartbeat_s: int, grace_s: int) -> None:
@@ -77,18 +95,49 @@ def rdb_storage(url: str, heartbeat_s: int, grace_s: int, *,
                          f"seconds >= 1, e.g. {STATEMENT_TIMEOUT_S}")
     engine: dict[str, Any] = {}
     parsed = make_url(url)
-    if parsed.get_backend_name() == "postgresql":
-        # connect_args replace the URL's own ``options``: those go after ours, so a URL
-        # that sets its own statement_timeout keeps it (the last -c wins).
-        options = f"-c statement_timeout={statement_timeout_s * 1000}"
+    postgres = parsed.get_backend_name() == "postgresql"
+    if postgres:
+        # Connection parameters, not libpq ``options``: an ``options`` given here would
+        # make libpq drop PGOPTIONS and a service file's options (an admin's search_path,
+        # role), and Optuna would look for every study in ``public``. The URL's own
+        # parameters win; libpq takes a URL's ``options`` once, so several are joined.
+        args: dict[str, Any] = {"connect_timeout": connect_timeout_s, **KEEPALIVES}
+        args = {key: value for key, value in args.items() if key not in parsed.query}
         own = parsed.query.get("options")
-        for part in (own,) if isinstance(own, str) else own or ():
-            options += f" {part}"
-        engine["connect_args"] = {"connect_timeout": connect_timeout_s, "options": options}
+        if own is not None and not isinstance(own, str):
+            args["options"] = " ".join(own)
+        engine["connect_args"] = args
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ExperimentalWarning)
-        return RDBStorage(url, engine_kwargs=engine, heartbeat_interval=heartbeat_s,
-                          grace_period=grace_s, heartbeat_stale_trial_callback=_log_stale)
+        storage = RDBStorage(url, engine_kwargs=engine, heartbeat_interval=heartbeat_s,
+                             grace_period=grace_s,
+                             heartbeat_stale_trial_callback=_log_stale)
+    if postgres:
+        _set_statement_timeout(storage.engine, statement_timeout_s)
+        # The connections Optuna opened to create its tables have not run the listener
+        # (it needs the engine Optuna makes): made anew, they will.
+        storage.engine.dispose()
+    return storage
+
+
+def _set_statement_timeout(engine: Engine, statement_timeout_s: int) -> None:
+    """Every new connection of ``engine`` gets ``statement_timeout_s`` where nothing the
+    administrator controls set one: PGOPTIONS, the URL's or a service file's options,
+    ``ALTER ROLE/DATABASE ... SET``, postgresql.conf (each shows in ``pg_settings.source``
+    as other than ``default``), so their value wins, 0 (none) included."""
+    statement = ("SELECT set_config('statement_timeout', "
+                 f"'{statement_timeout_s * 1000}', false) FROM pg_settings "
+                 "WHERE name = 'statement_timeout' AND source = 'default'")
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, connection_record: Any) -> None:
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute(statement)
+        finally:
+            cursor.close()
+        # A session setting made in a transaction rolled back is undone: commit it.
+        dbapi_connection.commit()
 
 
 def _log_stale(study: optuna.Study, trial: FrozenTrial) -> None:
