@@ -6,7 +6,8 @@ version expired (410), or whose connection is lost on its own (an API server res
 a load balancer's idle timeout: routine, said at INFO), is listed again after a backoff:
 1 s doubling up to 30 s, back to none after a watch that told events or lived 30 s. A
 proxy cutting each watch at once would have a line each try: the first cut is said, then
-at most one line each ``CUT_SAY_S`` summing up the cuts since. A
+at most one line each ``CUT_SAY_S`` summing up the cuts since, and one when a watch
+holds again (it ended on its own after events or ``RELIST_CAP_S``), summing up the burst. A
 refused LIST or watch (403) is the caller's to answer (``forbidden``), the refusal lasting
 until a watch is let through (``let_through``): a LIST let through with its watch refused
 (RBAC granting list, not watch) is no end of it. Any other error is warned of and listed
@@ -59,22 +60,38 @@ class _Relist:
 
 @dataclass
 class _CutSaid:
-    """When watches cut on their own are said: the first, then each ``CUT_SAY_S``."""
+    """When watches cut on their own are said: the first, then each ``CUT_SAY_S``, and
+    once more when a watch holds again, summing up the burst."""
 
     clock: Callable[[], float]
     said: float | None = None
     unsaid: int = 0
+    began: float = 0.0
+    """When the burst's first cut came."""
+    cuts: int = 0
+    """The burst's cuts, said or not."""
 
     def tell(self) -> tuple[int, float] | None:
         """Each cut: None to say nothing, else the cuts to say (this one included) and
         the seconds since the last line (1 and 0 where it is said alone)."""
         now = self.clock()
+        if self.said is None:
+            self.began, self.cuts = now, 0
+        self.cuts += 1
         if self.said is not None and now - self.said < CUT_SAY_S:
             self.unsaid += 1
             return None
         since = 0.0 if self.said is None or not self.unsaid else now - self.said
         cuts, self.said, self.unsaid = self.unsaid + 1, now, 0
         return cuts, since
+
+    def held(self) -> tuple[int, float] | None:
+        """A watch held again (its backoff reset): the burst's cuts and the seconds it
+        lasted, to say where some of them went unsaid (else None), and the next cut
+        starts a burst of its own. Otherwise a burst that ended was summed up only at the
+        next cut, hours late, and read as cuts of those hours."""
+        unsaid, self.said, self.unsaid = self.unsaid, None, 0
+        return (self.cuts, self.clock() - self.began) if unsaid else None
 
 
 @dataclass
@@ -133,6 +150,7 @@ class Reflector:
                 refused = opened()
                 # The watch ran its time (or the stop closed it): listed again, at once
                 # unless it ended at once.
+                self._held(cut_said, began, events)
                 _pause(self.stop, relist.after(began, events))
                 continue
             except Abandoned:  # the stop, while the LIST was in flight
@@ -160,6 +178,7 @@ class Reflector:
                 if exc.status == 410:  # the watch's version expired: listed again
                     if watching:
                         refused = opened()
+                        self._held(cut_said, began, events)
                     _pause(self.stop, relist.after(began, events))
                     continue
                 if exc.status == 403:
@@ -172,6 +191,19 @@ class Reflector:
                 self.log.warning("slopilot operator: list or watch of %s failed (%s); "
                                  "listed again in %.0f s", self.what, exc, MAX_RETRY_S)
             self.stop.wait(wait_s)
+
+
+    def _held(self, cut_said: _CutSaid, began: float, events: int) -> None:
+        """A watch that ended on its own, not cut: where it told events or lived (its
+        backoff reset) after cuts, the cuts since the last line are summed up. A watch
+        cut after events is no end of a burst: a proxy cutting each watch a moment in
+        would have two lines a cut."""
+        if not events and self.clock() - began < RELIST_CAP_S:
+            return
+        match cut_said.held():
+            case (cuts, lasted_s):
+                self.log.info("slopilot operator: the watch of %s holds again after %d "
+                              "cuts in %.0f min", self.what, cuts, lasted_s / 60)
 
 
 class _Cut(Exception):

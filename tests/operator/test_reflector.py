@@ -292,3 +292,37 @@ def test_watches_cut_again_and_again_are_said_once_then_summed_up_each_interval(
         count = sum(1 for c in cuts if a < c <= b)
         assert line.startswith(f"slopilot operator: the watch of things was cut {count} "
                                f"times in the last {CUT_SAY_S / 60:.0f} min"), line
+
+
+def test_a_burst_of_cuts_that_ends_is_summed_up_when_the_watch_holds_again() -> None:
+    """18 cuts in 7 min had one line, at the first: the rest were summed up only at the
+    next cut CUT_SAY_S later, hours late if the burst had ended, and read as cuts of the
+    last hours. A watch that holds again (it lived RELIST_CAP_S, its backoff reset) says
+    the cuts of the burst at once, and the next cut starts a period of its own."""
+    from slopilot.operator.reflector import CUT_SAY_S
+
+    stop = Clocked(limit=19)
+    api = stop.api = Api(stop, watches=[[CUTS[0]]] * 18 + ["long", [CUTS[0]]])
+    said: list[tuple[float, str]] = []
+
+    class Said(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.levelno >= logging.INFO:
+                said.append((api.now, record.getMessage()))
+
+    reflector = api.reflector()
+    reflector.log = logging.getLogger("tests.reflector.burst")
+    reflector.log.addHandler(handler := Said())
+    reflector.log.setLevel(logging.DEBUG)
+    try:
+        reflector.run()
+    finally:
+        reflector.log.removeHandler(handler)
+    burst_s = sum(w or 0.0 for w in stop.waits[:18]) + RELIST_CAP_S
+    assert burst_s < CUT_SAY_S  # the burst ends before a second line would have come
+    assert [line.split(" (")[0] for _, line in said] == [
+        "slopilot operator: the watch of things was cut",
+        f"slopilot operator: the watch of things holds again after 18 cuts in "
+        f"{burst_s / 60:.0f} min",
+        "slopilot operator: the watch of things was cut"], said
+    assert [at for at, _ in said] == [0.0, burst_s, burst_s]
