@@ -275,3 +275,46 @@ class TermEvaluator:
         r = self.inner.evaluate(config)
         term = self.terms.get(config["name"], self.inner.term)
         return dataclasses.replace(r, constraint_names=(term,))
+
+
+def test_one_fewers_p99_sample_is_its_terms_class_not_the_windows_total() -> None:
+    """A reviewer's prefill-bursts tune read "P0 TTFT p99 at 91% ... (a P99 over its 273
+    requests)" beside "P0 had 32 requests in 60 s": 273 was the window's every class; the
+    P99 ranks P0's 32."""
+    import dataclasses as dc
+
+    from slopilot.engine.window_summary import RequestAccounting
+    from slopilot.tuner.study.objective import WindowResult, score
+    from slopilot.tuner.study.verdict import robust_verdict
+    from slopilot.tuner.tune.capacity import CapacityOutcome
+    from tests.support.summaries import figures, window
+
+    slo = load_scenario("tiny-cpu").slo  # P0 TTFT 300 ms, P1 1000 ms
+
+    def on(p0_ttft: float) -> TrialResult:
+        s = window({"p0": figures(p0_ttft, 20.0, 10.0, finished=32),
+                    "p1": figures(400.0, 50.0, 100.0, finished=241)})
+        acc = RequestAccounting(273, 0, 0, 0, 110.0, 110.0)
+        s = dc.replace(s, overall=dc.replace(s.overall, accounting=acc))
+        w = WindowResult("busiest arrivals", "in seed 0: 0-60 s", score(s, slo, {"k": 1}))
+        return robust_verdict({"k": 1}, [w], HEADROOM)
+
+    out = CapacityOutcome(3, {"k": 1}, "the start config", 2, 6,
+                          tried={2: on(273.0), 3: on(150.0)})
+    below = out.below()
+    assert below is not None and "P0 TTFT p99 at 91% of its limit" in below, below
+    assert "(a P99 over P0's 32 requests)" in below, below
+    assert "273" not in below
+
+
+def test_the_progress_line_says_within_the_slo_as_the_verdict_does() -> None:
+    """stderr said "the start config on 2 replicas does not hold the SLO" where the
+    verdict and table said 2 replicas were within it, short of the headroom only."""
+    notes: list[str] = []
+    capacity_answer(EdgeEvaluator({}), [("trial 2", {"name": "a"})], 2, 16,  # type: ignore[arg-type]
+                    note=notes.append)
+    assert "capacity: trial 2 on 11 replicas is within the SLO, not the 10% headroom" \
+        in notes, notes
+    assert "capacity: trial 2 on 8 replicas misses the SLO" in notes
+    assert "capacity: trial 2 on 12 replicas holds the SLO with 10% headroom" in notes
+    assert not any("does not hold" in n for n in notes)
