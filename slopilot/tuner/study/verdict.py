@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from slopilot.engine.request import Priority
 from slopilot.engine.slo import SLOSpec
 from slopilot.engine.window_summary import WindowSummary
 from slopilot.tuner.study.objective import NO_SAMPLES, TrialResult, WindowResult, holds
@@ -167,6 +168,27 @@ def worst_share(r: TrialResult) -> tuple[str, str | None]:
         return f"{r.constraints[worst] + 1:.0%}", None
     name = r.constraint_names[worst]
     return share_text(name, r.constraints[worst]), name
+
+
+def term_requests(r: TrialResult, term: str) -> tuple[str, float] | None:
+    """The class ``term`` judges (``P0``) and how many of its requests its P99 ranks in
+    the window where the term is worst (``ClassFigures.ttft_samples`` where counted,
+    else those finished): the sample a P99 rests on, not the window's every class (a
+    reviewer read P0's P99 said to rest on 273 requests where P0 had 32). None for a
+    term of no class (preemptions) or without a summary."""
+    cls, dot, kind = term.partition(".")
+    p = next((p for p in Priority if p.label == cls), None)
+    if not dot or p is None or term not in r.constraint_names:
+        return None
+    i = r.constraint_names.index(term)
+    s = (max(r.windows, key=lambda w: w.result.constraints[i]).result.summary
+         if r.windows else r.summary)
+    if s is None:
+        return None
+    figures = s.classes[p]
+    n = (figures.ttft_samples if kind.startswith("ttft") and figures.ttft_samples is not None
+         else figures.requests_finished)
+    return cls.upper(), n
 
 
 def term_limit(slo: SLOSpec, term: str) -> float:

@@ -63,7 +63,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from slopilot.engine.request import Priority
 from slopilot.engine.sim.scenario import Scenario
 from slopilot.engine.sim.workload_spec import TraceSpec
 from slopilot.tuner.loop.capacity import CapacityPlanner
@@ -71,7 +70,12 @@ from slopilot.tuner.loop.replica_plateau import Flat, flat
 from slopilot.tuner.loop.steady_count import given_up
 from slopilot.tuner.sim.robust import RobustEvaluator
 from slopilot.tuner.study.objective import TrialResult, WindowResult
-from slopilot.tuner.study.verdict import replicas_text, term_label, worst_share
+from slopilot.tuner.study.verdict import (
+    replicas_text,
+    term_label,
+    term_requests,
+    worst_share,
+)
 from slopilot.tuner.tune.idle_floor import FloorBook, IdleFloor
 from slopilot.tuner.tune.tense import JUDGED, Tense
 from slopilot.tuner.tune.whole_check import ReplayProgress
@@ -213,7 +217,7 @@ class CapacityOutcome:
         term = "its worst term" if name is None else term_label(name)[0]
         window = _worst_window(r)
         where = "" if window is None else f", in {window}"
-        asked = None if name is None else _term_requests(r, name)
+        asked = None if name is None else term_requests(r, name)
         if asked is not None:
             where += f" (a P99 over {asked[0]}'s {asked[1]:,.0f} requests)"
         if within_slo(r):
@@ -396,23 +400,6 @@ def _deciding(r: TrialResult) -> WindowResult | None:
 def _worst_window(r: TrialResult) -> str | None:
     w = _deciding(r)
     return None if w is None else w.span
-
-
-def _term_requests(r: TrialResult, term: str) -> tuple[str, float] | None:
-    """The class ``term`` judges and how many of its requests the deciding window's P99
-    ranks (``ClassFigures.ttft_samples`` where counted, else those finished): not the
-    window's every class, which a reviewer read as P0's P99 resting on 273 requests where
-    P0 had 32. None for a term of no class (preemptions) or without a summary."""
-    cls, dot, kind = term.partition(".")
-    w = _deciding(r)
-    s = None if w is None else w.result.summary
-    p = next((p for p in Priority if p.label == cls), None)
-    if s is None or not dot or p is None:
-        return None
-    figures = s.classes[p]
-    n = (figures.ttft_samples if kind.startswith("ttft") and figures.ttft_samples is not None
-         else figures.requests_finished)
-    return cls.upper(), n
 
 
 def capacity_answer(evaluator: RobustEvaluator,

@@ -29,7 +29,14 @@ from slopilot.tuner.study.verdict import (
 )
 from slopilot.tuner.tune.capacity import CapacityOutcome, capacity_answer
 from slopilot.tuner.tune.idle_floor import FloorBook, up_front
-from slopilot.tuner.tune.outcome import Candidate, Timing, TuneOutcome, candidates
+from slopilot.tuner.tune.outcome import (
+    Candidate,
+    Timing,
+    TuneOutcome,
+    candidates,
+    kept_clause,
+    tie_clause,
+)
 from slopilot.tuner.tune.output import print_json, print_text
 from slopilot.tuner.tune.progress import TuneProgress
 from slopilot.tuner.tune.report import write
@@ -230,16 +237,11 @@ def _share(r: TrialResult) -> str:
 
 def _kept(start: TrialResult, best_trial: tuple[int, TrialResult] | None,
           tense: Tense = JUDGED) -> str:
-    """Why no trial replaces the start config, in the verdict's words."""
-    if best_trial is None:
-        return "no trial completed"
-    n, r = best_trial
-    if not r.feasible:
+    """Why no trial replaces the start config, in the verdict's words (``kept_clause``,
+    its tense's "holds" where no trial did)."""
+    if best_trial is not None and not best_trial[1].feasible:
         return f"no trial {tense.verb('holds', 'held')} it"
-    return (f"no trial beats it (the best, trial {n}: mean goodput over the windows "
-            f"{r.goodput_tok_s:,.1f} tok/s "
-            f"against its {start.goodput_tok_s:,.1f}, closest term at {_share(r)} of its "
-            "limit)")
+    return kept_clause(start, best_trial)
 
 
 def _tense(s: TuneSettings, whole: WholeCheck | None) -> Tense:
@@ -307,6 +309,8 @@ def _outcome(s: TuneSettings, plan: WindowPlan, tuner: Tuner, start: TrialResult
         sentence = (f"Trial {best.trial} {holds} with "
                     f"{result.margin:.0%} headroom {on}; its closest term is at "
                     f"{_share(result)} of its limit.")
+        if (tie := tie_clause(result, start)) is not None:
+            sentence += f" {tie}"
     else:
         missed = tuple(violations(result, slo))
         sentence = infeasible_sentence(result, slo, s.replicas, past=tense.past)
