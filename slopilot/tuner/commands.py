@@ -12,6 +12,7 @@ from pathlib import Path
 from slopilot.engine.seconds_flag import seconds
 from slopilot.engine.sim.dispatch import add_dispatch_argument
 from slopilot.engine.sim.trace_flags import TRACE_DEPLOYMENT, add_trace_arguments
+from slopilot.engine.sim.window_kinds import kinds_text
 from slopilot.tuner.tune.settings import (
     DEFAULT_MAX_REPLICAS,
     DEFAULT_MAX_TOO_LONG,
@@ -25,8 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "tune", help="search engine knobs for the most goodput within the SLO (simulator)",
         description="Run an Optuna study on a scenario: each trial simulates the "
-                    "scenario's representative windows (a trace's busiest and a typical "
-                    "one, or several seeds) with suggested knobs and counts as holding "
+                    f"scenario's representative windows (a trace's, {kinds_text()}; or "
+                    "several seeds) with suggested knobs and counts as holding "
                     "the SLO only if every term holds in every window with 10 % "
                     "headroom. When none holds, it says what is missed and how many "
                     "replicas would hold it.")
@@ -45,8 +46,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="simulated seconds per window (default: 60 for a trace, the "
                         "scenario's duration for a generated workload)")
     w.add_argument("--windows", choices=("auto", "whole"), default="auto",
-                   help="auto: a trace's busiest windows (by arrivals, by tokens) and a "
-                        "typical one, or --seeds seeds of a generated workload; whole: the "
+                   help=f"auto: a trace's windows ({kinds_text()}), or "
+                        "--seeds seeds of a generated workload; whole: the "
                         "whole trace in one window (exact, slower; a trace only)")
     w.add_argument("--seeds", type=int, default=None,
                    help=f"workload seeds per trial (default: {DEFAULT_SEEDS}; a generated "

@@ -144,3 +144,28 @@ def test_the_report_s_capacity_table_lists_every_replica_count_tried(
     assert f"To replay one replica fewer ({fewer}) as the check below does:" in table, table
     section = (report / "report.md").read_text().split("To replay one replica fewer")[1]
     assert f"--replicas {fewer}" in section.split("```")[1].split("\n")[1], section
+
+
+def test_the_report_carries_the_start_against_best_table_the_terminal_shows(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A reviewer read the start-vs-best figures only on the terminal: report.md had none,
+    so its "keep the start config" or "trial N" had nothing beside it to weigh."""
+    scenario = tmp_path / "light.yaml"
+    scenario.write_text(LIGHT)
+    report = tmp_path / "report"
+    assert main(["tune", "--scenario", str(scenario), "--trials", "2", "--seeds", "1",
+                 *INERT, "--quiet", "--report-dir", str(report)]) == 0
+    out = capsys.readouterr().out
+    text = (report / "report.md").read_text()
+    assert "The start config (kept) against trial" in out, out
+    section = text.split("The start config (kept) against trial")[1]
+    assert "|  | start | trial " in section, section
+    for row in ("| holds SLO | yes | yes |", "| goodput share, worst window |",
+                "| goodput tok/s, mean of windows |", "| P1 TTFT p99 (of limit) |",
+                "| kv_watermark | 0.05 | "):
+        assert row in section, section
+    # One builder: each of the report's rows is the terminal's, cell for cell.
+    for line in section.split("\n\n")[1].splitlines()[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert any(all(c in term_line for c in cells if c) for term_line in out.splitlines()
+                   if cells[0] in term_line), (line, out)

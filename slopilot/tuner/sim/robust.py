@@ -31,6 +31,7 @@ from slopilot.engine.sim.session_pace import SessionPace
 from slopilot.engine.sim.simulator import Measure, SimRun, simulate
 from slopilot.engine.sim.trace import TraceRecord, TraceWorkload
 from slopilot.engine.sim.twin import kv_admits_tokens_for, servable_tokens_for
+from slopilot.engine.sim.window_kinds import KINDS
 from slopilot.engine.sim.window_stats import Sliding
 from slopilot.engine.sim.windows import WindowChoice, seed_windows, trace_windows
 from slopilot.engine.sim.workload_spec import TraceSpec
@@ -51,11 +52,10 @@ that a short window of short requests is not mostly drain."""
 SEEDS = 3
 
 
-_SAID = {"busiest arrivals": "busiest window by arrivals",
-         "busiest tokens": "busiest window by tokens",
-         "sharpest burst": "sharpest burst's window", "typical": "typical window",
-         "heaviest prompts": "heaviest prompts' window",
-         "fullest KV cache": "fullest KV cache's window"}
+def said_window(name: str) -> str:
+    """A window's kind as a sentence names it (``window_kinds.KINDS``); its name where it
+    is no kind there (a seed)."""
+    return next((k.said for k in KINDS if k.name == name), name)
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ class WindowPlan:
             return "the trace's busiest windows and a typical one"
         if names == ["busiest arrivals", "busiest tokens", "typical", "heaviest prompts"]:
             return "the trace's busiest windows, a typical one and its heaviest prompts'"
-        said = [_SAID.get(n, n) for n in names]
+        said = [said_window(n) for n in names]
         only = " (its only one)" if len(said) == 1 else ""
         listed = said[0] if len(said) == 1 else ", ".join(said[:-1]) + " and " + said[-1]
         return "the trace's " + listed + only

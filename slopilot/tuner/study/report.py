@@ -67,6 +67,9 @@ class ReportContext:
     under the verdict's start config (rev-trace2 bursty: 324 ms beside 289 ms)."""
     best_trial: int | None = None
     """``best``'s trial number; None where it is not a trial (the start config)."""
+    comparison: Sequence[str] = ()
+    """The start config beside the best trial, the terminal's table as markdown lines,
+    under the recommendation (empty where no trial completed)."""
     extra: Sequence[str] = field(default_factory=tuple)
 
 
@@ -108,6 +111,8 @@ def _context_sections(ctx: ReportContext) -> list[str]:
         lines.append("")
     else:
         lines += ["None: see the verdict above.", ""]
+    if ctx.comparison:
+        lines += [*ctx.comparison, ""]
     if ctx.capacity:
         lines += ["## Capacity", "", *ctx.capacity, ""]
     if ctx.check_command:

@@ -32,7 +32,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from slopilot.engine.request import Priority
 from slopilot.engine.sim.summary_view import GOODPUT_DEFINITION, print_summary, simulate_json
 from slopilot.engine.sim.twin import twin_label
 from slopilot.engine.slo import SLOSpec
@@ -45,10 +44,9 @@ from slopilot.tuner.study.verdict import (
     goodput_share,
     judged_where,
     replicas_text,
-    share_text,
-    term_label,
     worst_share,
 )
+from slopilot.tuner.tune.comparison import comparison, knob_text
 from slopilot.tuner.tune.outcome import TuneOutcome
 
 
@@ -123,12 +121,6 @@ def print_json(outcome: TuneOutcome, report: Path | None) -> None:
     print(json.dumps(as_dict(outcome, report), default=str))
 
 
-def _ms(v: float | None) -> str:
-    if v is None:
-        return "-"
-    return f"{v / 1000:.1f} s" if v >= 1000 else f"{v:.0f} ms"
-
-
 def top_row(n: int, r: TrialResult) -> list[str]:
     """Trial ``n``'s row of the top-trials table; a worst term without samples is "-" (a
     class no window had a request of has no share of its limit, not 0 %)."""
@@ -164,8 +156,7 @@ def print_text(outcome: TuneOutcome, report: Path | None) -> None:
                   "windows of output tokens within SLO over those asked for (what the study "
                   "maximizes); goodput tok/s: the deciding window's, and the mean over the "
                   "windows", highlight=False)
-    if outcome.best_trial is not None:
-        _comparison(console, outcome, *outcome.best_trial)
+    _comparison(console, outcome)
     table = _deciding_window(console, outcome)
     fitted = outcome.settings.start.note()
     if fitted is not None:
@@ -192,7 +183,7 @@ def print_text(outcome: TuneOutcome, report: Path | None) -> None:
 def _recommended(outcome: TuneOutcome, replicas: int, config: Mapping[str, Any]) -> str:
     if outcome.changes:
         return (f"recommended: {replicas_text(replicas)} with "
-                + " ".join(f"{k}={_knob(v)}" for k, v in config.items()
+                + " ".join(f"{k}={knob_text(v)}" for k, v in config.items()
                            if k in outcome.tuner.space.bounds))
     if replicas == outcome.settings.replicas:
         return (f"recommended: keep the start config on {replicas_text(replicas)}: no knob "
@@ -200,41 +191,19 @@ def _recommended(outcome: TuneOutcome, replicas: int, config: Mapping[str, Any])
     return f"recommended: {replicas_text(replicas)} with the start config: no knob changes"
 
 
-def _comparison(console: Any, outcome: TuneOutcome, n: int, best: TrialResult) -> None:
-    """The start config beside the best trial; titled by which of them is recommended."""
+def _comparison(console: Any, outcome: TuneOutcome) -> None:
+    """The start config beside the best trial (``comparison.py``: the report's too)."""
     from rich.table import Table
 
-    start = outcome.start
-    kept = outcome.best.is_start
-    where = judged_where([start, best])
-    cmp = Table(title=f"The start config (kept) against trial {n}, the best trial (each "
-                      f"term in {where})"
-                if kept else "Best config against the scenario's start config (each term in "
-                             f"{where})")
-    for col in ("", "start", f"trial {n}" if kept else "best"):
+    table = comparison(outcome)
+    if table is None:
+        return
+    cmp = Table(title=table.title)
+    for col in table.columns:
         cmp.add_column(col, justify="right")
-    cmp.add_row("holds SLO", "yes" if start.feasible else "no", "yes" if best.feasible else "no")
-    cmp.add_row("goodput tok/s, deciding window", f"{deciding_goodput(start):,.0f}",
-                f"{deciding_goodput(best):,.0f}")
-    cmp.add_row("goodput tok/s, mean of windows", f"{start.goodput_tok_s:,.0f}",
-                f"{best.goodput_tok_s:,.0f}")
-    for i, name in enumerate(best.constraint_names):
-        cmp.add_row(f"{term_label(name)[0]} (of limit)", share_text(name, start.constraints[i]),
-                    share_text(name, best.constraints[i]))
-    for p in Priority:
-        for key, label in (("ttft_p99_ms", "TTFT p99"), ("tbt_p99_ms", "TBT p99")):
-            values = [max((getattr(w.result.summary.classes[p], key) or 0.0
-                           for w in r.windows if w.result.summary is not None), default=None)
-                      if r.windows else None for r in (start, best)]
-            if any(values):
-                cmp.add_row(f"{p.label.upper()} {label}", _ms(values[0]), _ms(values[1]))
-    for knob in outcome.tuner.space.bounds:
-        cmp.add_row(knob, _knob(start.config.get(knob, "-")), _knob(best.config.get(knob)))
+    for row in table.rows:
+        cmp.add_row(*row)
     console.print(cmp)
-
-
-def _knob(v: Any) -> str:
-    return f"{v:.3g}" if isinstance(v, float) else str(v)
 
 
 def _deciding_window(console: Any, outcome: TuneOutcome) -> WindowSummary | None:

@@ -11,6 +11,7 @@ from slopilot.tuner.study.plot_subject import PlotSubject
 from slopilot.tuner.study.report import ReportContext, write_report
 from slopilot.tuner.study.verdict import replicas_text, term_label, worst_share
 from slopilot.tuner.tune.capacity import CapacityOutcome
+from slopilot.tuner.tune.comparison import comparison
 from slopilot.tuner.tune.outcome import Candidate, TuneOutcome
 from slopilot.tuner.tune.settings import check_command
 from slopilot.tuner.tune.whole_check import WholeCheck
@@ -32,6 +33,7 @@ def context(outcome: TuneOutcome) -> ReportContext:
         recommended_result=_recommended_result(outcome),
         recommended_note=_kept(outcome), recommended_label=_recommended_label(outcome),
         best=(outcome.best.label, outcome.best.result), best_trial=outcome.best.trial,
+        comparison=() if (table := comparison(outcome)) is None else table.markdown(),
         extra=tuple(line for note in _notes(outcome) for line in ("", note)))
 
 

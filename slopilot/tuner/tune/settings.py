@@ -20,6 +20,7 @@ from slopilot.engine.sim.scenario import Scenario, ScenarioError
 from slopilot.engine.sim.too_long import WARN_SHARE, TooLong
 from slopilot.engine.sim.trace_flags import trace_options
 from slopilot.engine.sim.trace_scenario import TraceOptions, load_with_trace
+from slopilot.engine.sim.window_kinds import kinds_text
 from slopilot.engine.sim.workload_spec import TraceSpec
 from slopilot.tuner.study.space import SearchSpace
 from slopilot.tuner.tune.start import StartConfig, fit_start, search_space
@@ -199,7 +200,7 @@ def settings_from(args: argparse.Namespace) -> TuneSettings:
         # more seeds would buy no robustness the user could see.
         raise ValueError(
             f"--seeds {args.seeds}: a generated workload's option; {scenario.name}'s "
-            "workload is a trace, judged on its windows (its busiest and a typical one), "
+            f"workload is a trace, judged on its windows ({kinds_text()}), "
             "not on seeds: leave --seeds out (--windows whole judges all of the trace)")
     max_too_long = getattr(args, "max_too_long", None)
     if max_too_long is not None and not isinstance(scenario.workload, TraceSpec):
