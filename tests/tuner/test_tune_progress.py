@@ -59,3 +59,37 @@ def test_quiet_prints_nothing() -> None:
     progress.note("x")
     progress.close()
     assert out.getvalue() == ""
+
+
+def test_the_whole_trace_check_is_in_the_total_from_the_start() -> None:
+    """A reviewer's bar read "ETA 2 s" at 82 % and "ETA 0 s" at 100 %, then fell to 64 %
+    for two more minutes of whole-trace replay: its first replay, known from the start,
+    is counted from the start; a replay no one could foresee still grows the bar."""
+    out, clock = io.StringIO(), FakeClock()
+    progress = TuneProgress(2, 100.0, trials=1, generated=False, stream=out, tty=False,
+                            clock=clock, whole_s=400.0)
+    report = progress.report
+    assert report is not None and report.total == 600.0
+    progress.simulated(180.0)  # the study, ending early: its runs stop once judged
+    clock.t = 18.0
+    assert report.eta_s() == 42.0  # (600 - 180) / 10: the replay counted
+    progress.replay("capacity search: 2 replicas", 100.0)
+    assert report.total == 680.0  # the check's replay still counted after it
+    progress.simulated(280.0)
+    progress.whole_check_begins()
+    feed = progress.replay("whole trace on 1 replica: replaying", 400.0)
+    assert report.total == 680.0  # the study's slack dropped, the replay not added again
+    feed(400.0)
+    assert report.done == report.total
+    progress.replay("whole trace on 1 replica: the worst window off the grid", 400.0)
+    assert report.total == 1080.0
+
+
+def test_a_reserved_check_never_run_leaves_the_bar_full() -> None:
+    out, clock = io.StringIO(), FakeClock()
+    progress = TuneProgress(2, 100.0, trials=1, generated=False, stream=out, tty=False,
+                            clock=clock, whole_s=400.0)
+    progress.simulated(200.0)
+    clock.t = 20.0
+    progress.close()  # nothing recommended: no whole-trace check
+    assert out.getvalue().splitlines()[-1].startswith("tune: 200/200 s simulated (100%)")

@@ -126,6 +126,16 @@ class ProgressReport:
         if self._bar is not None:
             self._bar.update(self._task, total=self.total)
 
+    def resize(self, total: float) -> None:
+        """The work left is now known to be ``total - done`` (a step planned from the
+        start ran shorter, another is about to begin): the total set to it."""
+        if not total >= self.done or not total > 0:
+            raise ValueError(f"total={total!r}: expected at least the work done, "
+                             f"{self.done!r}, and above 0")
+        self.total = float(total)
+        if self._bar is not None:
+            self._bar.update(self._task, total=self.total)
+
     def finish(self) -> None:
         """The work turned out smaller than ``total`` (a run that ended early): what was
         done is the whole of it, so the last line reads 100 % at the true rate."""

@@ -21,14 +21,18 @@ class TuneProgress:
 
     def __init__(self, evaluations: int, per_evaluation_s: float, *, trials: int,
                  generated: bool, stream: TextIO | None = None, tty: bool | None = None,
-                 clock: Clock = time.monotonic, enabled: bool = True) -> None:
+                 clock: Clock = time.monotonic, enabled: bool = True,
+                 whole_s: float = 0.0) -> None:
         self.evaluations, self.per_evaluation_s = evaluations, per_evaluation_s
+        # The whole-trace check's first replay, counted from the start: without it the
+        # bar read "ETA 0 s" at 100 % and then fell to 64 % for minutes of replay.
+        self.whole_s = whole_s
         self.trials, self.generated = trials, generated
         self.trials_done = 0
         self.best: TrialResult | None = None
         self.report: ProgressReport | None = None
         if enabled:
-            self.report = ProgressReport("tune", evaluations * per_evaluation_s,
+            self.report = ProgressReport("tune", evaluations * per_evaluation_s + whole_s,
                                          "s simulated", stream=stream, tty=tty, clock=clock,
                                          rate_unit="sim-s/s")
 
@@ -77,16 +81,25 @@ class TuneProgress:
                 f"at {rate:,.1f} sim-s/s on this machine, capacity search not counted); "
                 f"shorten it with {', '.join(ways)}")
 
+    def whole_check_begins(self) -> None:
+        """The whole-trace check's replays follow: its first is no longer to be counted
+        apart (its own ``replay`` counts it)."""
+        self.whole_s = 0.0
+
     def replay(self, status: str, planned_s: float) -> Callable[[float], None]:
-        """A replay past the study (the whole-trace check): the bar grows by its
-        ``planned_s`` simulated seconds and shows ``status``; the feed returned is told
-        the seconds simulated in it so far. Without it the bar sat at 100 % for the
-        minutes those replays take."""
+        """A replay past the study (the capacity search's, the whole-trace check's): the
+        bar's total becomes what is done, this replay's ``planned_s`` simulated seconds
+        and the whole-trace check's first replay where it has not begun
+        (``whole_check_begins``), and shows ``status``; the feed returned is told the
+        seconds simulated in it so far. Without it the bar sat at 100 % for the minutes
+        those replays take."""
         report = self.report
         if report is None:
             return lambda _: None
         base = report.done
-        report.extend(planned_s)
+        # The study's runs end once every request they count is judged, short of their
+        # plan: that slack is no work left.
+        report.resize(base + planned_s + self.whole_s)
         report.update(base, status=status)
         return lambda seconds: report.update(base + min(max(seconds, 0.0), planned_s))
 
@@ -103,4 +116,7 @@ class TuneProgress:
 
     def close(self) -> None:
         if self.report is not None:
+            if self.whole_s:
+                # Counted, never run (nothing was recommended): what was done is all.
+                self.report.finish()
             self.report.close()

@@ -140,8 +140,13 @@ def run(s: TuneSettings) -> TuneOutcome:
     tuner = Tuner(study, space)
     first = len(study.get_trials(deepcopy=False))
     generated = not isinstance(s.scenario.workload, TraceSpec)
+    # The whole-trace check's first replay, where the windows will choose the answer:
+    # counted in the bar from the start (its later ones depend on what it finds).
+    checked = plan.kind == "trace" and not _too_many_too_long(s)
     progress = TuneProgress(s.trials + 1, plan.simulated_s, trials=s.trials,
-                            generated=generated, enabled=not s.quiet)
+                            generated=generated, enabled=not s.quiet,
+                            whole_s=_whole_plan(s, start_config).simulated_s if checked
+                            else 0.0)
     evaluator = RobustEvaluator(s.scenario, plan, replicas=s.replicas,
                                 progress=progress.simulated)
     progress.note(f"tuning {s.scenario.name} on {replicas_text(s.replicas)}, {s.trials} trials, "
@@ -224,11 +229,16 @@ def _whole_check(s: TuneSettings, evaluator: RobustEvaluator, plan: WindowPlan,
         config, replicas = capacity.config, capacity.replicas
     else:
         return None
-    whole = plan_windows(s.scenario, whole=True, warmup_s=s.warmup_s, config=start_config,
-                         replicas=s.replicas)
+    whole = _whole_plan(s, start_config)
+    progress.whole_check_begins()
     return whole_check(evaluator, whole, config, replicas, s.max_replicas,
                        note=progress.note, window_s=plan.windows[0].length_s,
                        progress=progress)
+
+
+def _whole_plan(s: TuneSettings, start_config: Mapping[str, Any]) -> WindowPlan:
+    return plan_windows(s.scenario, whole=True, warmup_s=s.warmup_s, config=start_config,
+                        replicas=s.replicas)
 
 
 def _share(r: TrialResult) -> str:
