@@ -50,7 +50,7 @@ def outcome(best: Candidate, start: TrialResult, trials: list[tuple[int, TrialRe
         recommended_replicas=replicas if config is not None else None,
         command="slopilot tune --trace t.csv", check_command=None,
         timing=SimpleNamespace(line=lambda: "5 evaluations"), start=start, best=best,
-        feasible=best.result.feasible, whole=None,
+        feasible=best.result.feasible, whole=None, best_trial=None,
         changes=None if config is None else {} if best.is_start else config,
         warnings=(), tuner=SimpleNamespace(results=lambda: trials,
                                            space=SimpleNamespace(bounds={})))

@@ -30,6 +30,7 @@ def outcome(best: Candidate, start: TrialResult, trials: list[tuple[int, TrialRe
         recommended_replicas=None, command="slopilot tune --scenario tiny-cpu",
         check_command=None, timing=SimpleNamespace(line=lambda: "31 evaluations"),
         start=start, best=best, feasible=False, changes=None, whole=None, warnings=(),
+        best_trial=None,
         tuner=SimpleNamespace(results=lambda: trials))
 
 

@@ -30,7 +30,7 @@ def _outcome(cap: CapacityOutcome | None, whole: WholeCheck, tuned: int) -> Any:
         settings=SimpleNamespace(replicas=tuned, start=SimpleNamespace(note=lambda: None)),
         recommended_replicas=None, command="slopilot tune", check_command=None,
         timing=SimpleNamespace(line=lambda: "9 evaluations"), start=_result(False),
-        best=best, feasible=cap is None, changes=None,
+        best=best, feasible=cap is None, changes=None, best_trial=None,
         tuner=SimpleNamespace(results=lambda: [], space=SimpleNamespace(bounds={})))
 
 

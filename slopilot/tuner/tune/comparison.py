@@ -44,7 +44,8 @@ def comparison(outcome: TuneOutcome) -> Comparison | None:
              f"Best config against the scenario's start config (each term in {where})")
     rows = [("holds SLO", "yes" if start.feasible else "no", "yes" if best.feasible else "no"),
             # What the study maximizes, and what a tie is on (outcome.TIE_MARGIN).
-            ("goodput share, worst window", _share(start), _share(best)),
+            ("goodput share" + (", worst window" if where == "its worst window" else ""),
+             _share(start), _share(best)),
             ("goodput tok/s, deciding window", f"{deciding_goodput(start):,.0f}",
              f"{deciding_goodput(best):,.0f}"),
             ("goodput tok/s, mean of windows", f"{start.goodput_tok_s:,.0f}",

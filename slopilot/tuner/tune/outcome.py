@@ -116,8 +116,8 @@ def candidates(start: TrialResult, trials: Sequence[tuple[int, TrialResult]]
 def _goodput(r: TrialResult) -> str:
     """The objective a tie is on, as a person reads it."""
     if r.objective is not None:
-        return f"its worst window's goodput share, {r.objective:.1%}"
-    return f"mean goodput over the windows, {r.goodput_tok_s:,.1f} tok/s"
+        return f"goodput share {r.objective:.1%}"  # the lowest window's, what is ranked
+    return f"mean goodput over the windows {r.goodput_tok_s:,.1f} tok/s"
 
 
 def _closest(r: TrialResult) -> str:
@@ -131,9 +131,9 @@ def _few(r: TrialResult) -> str:
     counted = None if name is None else term_requests(r, name)
     if counted is None or counted[1] >= DEFAULT_CLASS_REQUESTS:
         return ""
-    return (f"; that term is {term_label(name or '')[0]} over {counted[0]}'s "
-            f"{counted[1]:,.0f} requests, judged on few requests (the live loop judges a "
-            f"class on {DEFAULT_CLASS_REQUESTS}), so its P99 is the largest of them or near it")
+    return (f"; that term, {term_label(name or '')[0]}, is judged on few requests: "
+            f"{counted[0]}'s {counted[1]:,.0f}, fewer than the {DEFAULT_CLASS_REQUESTS} the "
+            "live loop judges a class on")
 
 
 def tie_clause(trial: TrialResult, start: TrialResult) -> str | None:
@@ -155,10 +155,10 @@ def kept_clause(start: TrialResult, best_trial: tuple[int, TrialResult] | None) 
     if not r.feasible:
         return "no trial holds it"
     if ties(r, start) and _lead(r, start) > 0:
-        return (f"no trial beats it (the best, trial {n} ties it on goodput "
-                f"({_goodput(r)}), its closest term at {_closest(r)} of its limit against "
-                f"its {_closest(start)}: {_lead(r, start) * 100:.0f} pp, less than the "
-                f"{TIE_MARGIN * 100:.0f} pp a tie must win by{_few(r)})")
+        return (f"no trial beats it (the best, trial {n}, ties it on goodput, "
+                f"{_goodput(r)}; its closest term, at {_closest(r)} of its limit against "
+                f"its {_closest(start)}, is {_lead(r, start) * 100:.0f} pp further from it, "
+                f"less than the {TIE_MARGIN * 100:.0f} pp a tie must win by{_few(r)})")
     return (f"no trial beats it (the best, trial {n}: mean goodput over the windows "
             f"{r.goodput_tok_s:,.1f} tok/s "
             f"against its {start.goodput_tok_s:,.1f}, closest term at {_closest(r)} of its "
