@@ -356,6 +356,17 @@ def _statistic(data: Mapping[str, Any], where: str, key: str) -> float | None:
     return None if value is None else or_none(_number(data, where, key))
 
 
+def _count(data: Mapping[str, Any], where: str, key: str) -> float | None:
+    """A count as written: an int stays one (``or_none`` makes a float of it, and tune's
+    JSON, read back through here, said 264.0 where simulate's said 264); Prometheus' may
+    be fractional, and NaN is None."""
+    value = data.get(key)
+    if value is None:
+        return None
+    value = _number(data, where, key)
+    return value if isinstance(value, int) else or_none(value)
+
+
 def _class_from(data: Mapping[str, Any], where: str) -> ClassFigures:
     samples = None
     if all(f.name in data for f in dataclasses.fields(SampleStats)
@@ -383,5 +394,5 @@ def _class_from(data: Mapping[str, Any], where: str) -> ClassFigures:
         requests_refused=(_number(data, where, "requests_refused")
                           if "requests_refused" in data else 0.0),
         samples=samples, accounting=accounting,
-        ttft_samples=_statistic(data, where, "ttft_samples"),
-        requests_awaiting=_statistic(data, where, "requests_awaiting"))
+        ttft_samples=_count(data, where, "ttft_samples"),
+        requests_awaiting=_count(data, where, "requests_awaiting"))

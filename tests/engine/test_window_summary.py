@@ -133,3 +133,18 @@ def test_a_simulated_class_counts_the_ttfts_its_p99_ranks() -> None:
         assert c.ttft_samples is not None and c.ttft_samples >= c.requests_finished
     assert summary.overall.ttft_samples == sum(
         c.ttft_samples or 0.0 for c in summary.classes.values())
+
+
+def test_a_count_read_back_stays_the_count_it_was() -> None:
+    """tune's JSON read "ttft_samples": 264.0 where simulate's read 264: its summaries
+    come back through ``from_dict``, which made every statistic a float."""
+    from tests.support.summaries import window
+
+    figures = ClassFigures(requests_finished=264, throughput_tok_s=1.0, goodput_tok_s=1.0,
+                           ttft_p99_ms=100.0, tbt_p99_ms=10.0, ttft_samples=264,
+                           requests_awaiting=0)
+    s = window({"p1": figures})
+    back = WindowSummary.from_dict(s.to_dict())
+    p1 = back.to_dict()["classes"]["p1"]
+    assert p1["ttft_samples"] == 264 and isinstance(p1["ttft_samples"], int), p1
+    assert isinstance(p1["requests_awaiting"], int), p1

@@ -124,9 +124,11 @@ def print_summary(summary: WindowSummary, slo: SLOSpec, *, title: str | None = N
     from rich.table import Table
 
     cfg = summary.run.config if summary.run is not None else {}
+    replicas = summary.replicas or 1
     table = Table(title=title or (
         f"{summary.run.scenario if summary.run else 'run'}: {summary.duration_s:,.0f} s "
-        f"simulated, {summary.replicas or 1} replica(s), budget {cfg.get('token_budget')}, "
+        f"simulated, {replicas} replica{'s' if replicas != 1 else ''}, "
+        f"budget {cfg.get('token_budget')}, "
         f"chunk {cfg.get('chunk_size')}" + (f"; {note}" if note else "")))
     for col in COLUMNS:
         table.add_column(col, justify="right")

@@ -219,7 +219,9 @@ def replay_note(spec: TraceSpec, records: list[TraceRecord],
     span = records[-1].arrival_time - records[0].arrival_time
     unit = (" (Mooncake's timestamps read as milliseconds)"
             if read_cached(spec.trace, spec.fmt, spec.model).fmt == "mooncake" else "")
-    return f"the trace replays {len(records):,} requests over {span:,g} s{unit}"
+    # Three figures, not the file's own digits: "over 59.9935 s" read as a measurement.
+    shown = f"{span:,.0f}" if span >= 100 else f"{span:.3g}"
+    return f"the trace replays {len(records):,} requests over {shown} s{unit}"
 
 
 def _arrival(record: TraceRecord) -> float:

@@ -301,3 +301,15 @@ def test_a_target_rate_of_a_mooncake_trace_in_seconds_is_not_warned_of(
     assert main(["simulate", "--scenario", "tiny-cpu", "--trace", str(path), "--quiet",
                  "--target-rate", "2"]) == 0
     assert "fractional" not in capsys.readouterr().err
+
+
+def test_simulates_title_rounds_the_span_and_counts_one_replica_in_the_singular(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # A reviewer's title read "1 replica(s)" and "over 59.9935 s".
+    csv = tmp_path / "t.csv"
+    csv.write_text("arrival_time,prompt_tokens,output_tokens\n0,300,20\n"
+                   "30.5,300,20\n59.9935,300,20\n")
+    assert main(["simulate", "--scenario", "tiny-cpu", "--trace", str(csv), "--quiet"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "; the trace replays 3 requests over 60 s" in out, out
+    assert "1 replica," in out and "replica(s)" not in out, out
