@@ -198,9 +198,9 @@ def test_the_pareto_plot_draws_the_start_config_named() -> None:
         share = max(start.constraints) + 1.0
         assert any(abs(x - share) < 1e-9 and y == start.value
                    for x, y in _points(ax, colour)), (start, _points(ax, colour))
-        # MISSES is trial 1 too: one point, both named.
-        assert [t.get_text() for t in ax.texts] == \
-            ["start" if start is HOLDS else "start, trial 1"]
+        # MISSES is trial 1 too: one point, both named; each other trial by its number.
+        assert sorted(t.get_text() for t in ax.texts) == \
+            (["0", "1", "start"] if start is HOLDS else ["0", "start, trial 1"])
 
 
 def test_every_plot_names_the_replica_count_it_ran_on() -> None:
@@ -307,3 +307,42 @@ def test_the_pareto_plot_shows_the_headroom_line_when_every_point_is_past_the_li
             # Where the line falls across the axis: inside it, clear of its edges.
             at = ax.transAxes.inverted().transform(ax.transData.transform((x, 0.0)))[0]
             assert 0.02 < at < 0.98, (p0_ttft, x, at, ax.get_xlim())
+
+
+def test_the_slo_label_has_room_under_the_top_frame() -> None:
+    """rep1's TBT panel: every point far under the 100 ms line, the axis ended just above
+    it, and the frame struck through the line's "100 ms" label."""
+    results = [(n, judged((100.0, 20.0), (300.0, 25.0 + n))) for n in range(3)]
+    fig = terms_figure(results, SLO, subject=SUBJECT)
+    assert fig is not None
+    panel = next(ax for ax in fig.axes if ax.get_title().startswith("P1 TBT"))
+    assert panel.get_ylim()[1] >= 150.0 * 1.1, panel.get_ylim()
+
+
+def test_a_log_panel_reads_plain_milliseconds() -> None:
+    """rep3's TBT panels: a log axis ticked "6×10^2", "2×10^1" in ms, beside linear TTFT
+    panels ticked 1000, 2000."""
+    results = [(0, judged((100.0, 20.0), (300.0, 20.0))),
+               (1, judged((100.0, 20.0), (300.0, 650.0)))]
+    fig = terms_figure(results, SLO, subject=SUBJECT)
+    assert fig is not None
+    panel = next(ax for ax in fig.axes if ax.get_title().startswith("P1 TBT"))
+    assert panel.get_yscale() == "log"
+    fig.canvas.draw()
+    labels = [t.get_text() for t in panel.get_yticklabels(minor=False)
+              + panel.get_yticklabels(minor=True) if t.get_text()]
+    assert labels and not any("times" in t or "^" in t or "×" in t for t in labels), labels
+    assert all(t.replace(",", "").isdigit() for t in labels), labels
+    top = panel.get_ylim()[1]
+    assert top >= 650.0 and top >= 150.0 * 1.1
+
+
+def test_the_pareto_plot_numbers_each_trial_as_the_table_does() -> None:
+    """rep3's pareto.png named only "start": its eight trials' points could not be told
+    from one another, nor matched to the top-trials table."""
+    from slopilot.tuner.study.report_plots import pareto_figure
+
+    trials = [(n, judged((200.0 + 40 * n, 30.0), (500.0, 40.0 + 5 * n))) for n in range(4)]
+    ax = pareto_figure(trials, start=HOLDS, subject=SUBJECT).axes[0]
+    texts = sorted(t.get_text() for t in ax.texts)
+    assert texts == sorted(["start", "0", "1", "2", "3"]), texts

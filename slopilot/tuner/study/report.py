@@ -254,7 +254,8 @@ def caption(img: str, results: Sequence[tuple[int, TrialResult]],
                 + "right of the solid one it breaks the SLO."
                 + (" The start config is the point named \"start\"." if start is not None
                    else "")
-                + " Configs that land on one point are named together there." + star)
+                + " Each other point is named by its trial's number, as in the tables; "
+                  "configs that land on one point are named together there." + star)
     return ("How much of the variation in the target each knob explains (fANOVA over these "
             "trials: a rough guide, not a measurement).")
 

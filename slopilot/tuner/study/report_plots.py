@@ -269,8 +269,10 @@ def terms_figure(results: Results, slo: SLOSpec, start: TrialResult | None = Non
             ax.axhline(limit * (1 - margin), c="black", lw=1, ls="--",
                        label=f"with {margin:.0%} headroom")
         values = [ms(r) for _, r in measured(results)] + [limit]
-        if max(values) / max(min(values), 1e-3) > 20:
-            ax.set_yscale("log")
+        log = max(values) / max(min(values), 1e-3) > 20
+        if log:
+            _plain_log(ax)
+        _room_above(ax, limit, log=log)
         silent = [n for n, r in trials if r.constraints[i] == NO_SAMPLES]
         title = f"{term_label(name)[0]} ({judged_in([r for _, r in trials])})"
         if silent:
@@ -289,6 +291,33 @@ def terms_figure(results: Results, slo: SLOSpec, start: TrialResult | None = Non
     return fig
 
 
+def _plain_log(ax: Any) -> None:
+    """A log y axis ticked in plain milliseconds (1, 2, 5 per decade): matplotlib's own
+    read "6×10^2" beside the linear panels' 1000, 2000."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+
+
+LABEL_ROOM = 0.12
+"""The share of the axis (below the SLO line, in its scale) kept above the line for its
+label: where every point lies under the line the autoscale ended just above it, and the
+frame struck through "100 ms"."""
+
+
+def _room_above(ax: Any, limit: float, *, log: bool) -> None:
+    lo, hi = ax.get_ylim()
+    if log:
+        top = limit * max(1.0 + LABEL_ROOM, (limit / max(lo, 1e-9)) ** LABEL_ROOM)
+    else:
+        top = limit + max(LABEL_ROOM * limit, LABEL_ROOM * (limit - lo))
+    if hi < top:
+        ax.set_ylim(lo, top)
+
+
 def pareto(results: Results, out: Path, start: TrialResult | None = None, *,
            subject: PlotSubject, recommended: Recommended | None = None) -> str:
     save(pareto_figure(results, start=start, subject=subject, recommended=recommended),
@@ -298,17 +327,20 @@ def pareto(results: Results, out: Path, start: TrialResult | None = None, *,
 
 def _coincident(results: Results, pts: Sequence[tuple[float, float]]
                 ) -> list[tuple[tuple[float, float], list[int]]]:
-    """The points that more than one config lands on, and the start config's, each with
-    the configs there (``START`` for the start config), in drawing order."""
+    """Each point drawn with the configs there (``START`` for the start config), in
+    drawing order: each is named, a trial by its number as the tables give it (rep3's
+    eight trials were told apart by none, only "start" was named)."""
     groups: dict[tuple[float, float], list[int]] = {}
     for (n, _), (x, y) in zip(results, pts, strict=True):
         groups.setdefault((round(x, 9), round(y, 9)), []).append(n)
-    return [(xy, ns) for xy, ns in groups.items() if len(ns) > 1 or START in ns]
+    return list(groups.items())
 
 
 def _names(configs: Sequence[int]) -> str:
-    """``start, trials 0, 1, 2, 3``: the configs drawn on one point."""
+    """``start, trials 0, 1, 2, 3``: the configs drawn on one point; ``3`` alone."""
     trials = [n for n in configs if n != START]
+    if len(trials) == 1 and START not in configs:
+        return str(trials[0])
     parts = (["start"] if START in configs else []) + ([_trials(trials)] if trials else [])
     return ", ".join(parts)
 
