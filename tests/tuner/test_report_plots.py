@@ -346,3 +346,16 @@ def test_the_pareto_plot_numbers_each_trial_as_the_table_does() -> None:
     ax = pareto_figure(trials, start=HOLDS, subject=SUBJECT).axes[0]
     texts = sorted(t.get_text() for t in ax.texts)
     assert texts == sorted(["start", "0", "1", "2", "3"]), texts
+
+
+def test_two_trials_a_hair_apart_are_named_apart() -> None:
+    """rep3's trials 0 and 1 lay a hair apart and their numbers printed as "01"."""
+    from slopilot.tuner.study.report_plots import pareto_figure
+
+    trials = [(0, judged((200.0, 30.0), (500.0, 40.0))),
+              (1, judged((201.0, 30.0), (500.0, 40.0))),
+              (2, judged((280.0, 30.0), (500.0, 40.0)))]
+    ax = pareto_figure(trials, subject=SUBJECT).axes[0]
+    offsets = {t.get_text(): t.xyann for t in ax.texts}
+    assert offsets["0"] != offsets["1"], offsets
+    assert offsets["2"] == (4, 6), offsets

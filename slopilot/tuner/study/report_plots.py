@@ -345,6 +345,23 @@ def _names(configs: Sequence[int]) -> str:
     return ", ".join(parts)
 
 
+def _name_points(ax: Any, results: Results, pts: Sequence[tuple[float, float]]) -> None:
+    """Each point's name beside it, once the axes are scaled: a name whose point lies
+    within a name's height and width of one named already goes below its point, not over
+    that name (rep3's trials 0 and 1, a hair apart, read "01")."""
+    right = max((y for _, y in pts), default=0.0)
+    placed: list[tuple[float, float]] = []
+    for (value, share), configs in _coincident(results, pts):
+        # Left of a point at the axis's right end: a list of names ran off the plot.
+        end = share >= right and len(configs) > 1
+        x, y = ax.transData.transform((share, value))
+        near = any(abs(x - px) < 14 and abs(y - py) < 12 for px, py in placed)
+        placed.append((x, y))
+        ax.annotate(_names(configs), (share, value),
+                    xytext=(-4 if end else 4, -12 if near else 6),
+                    textcoords="offset points", fontsize=8, ha="right" if end else "left")
+
+
 def _in_view(ax: Any, lines: list[float], *, log: bool, pad: float = 0.05) -> None:
     """Widen the x axis so each vertical line sits ``pad`` of its width inside it: the
     autoscale keeps the lines' x but no margin past them, and a reviewer's headroom line
@@ -373,12 +390,6 @@ def pareto_figure(results: Results, *, start: TrialResult | None = None,
     ax.scatter([y for _, y in pts], [x for x, _ in pts], c=colors, alpha=0.7,
                label="trials" + (" and the start config" if start is not None else "")
                + " (green: holds the SLO)")
-    right = max((y for _, y in pts), default=0.0)
-    for (value, share), configs in _coincident(results, pts):
-        # Left of a point at the axis's right end: a list of names ran off the plot.
-        end = share >= right and len(configs) > 1
-        ax.annotate(_names(configs), (share, value), xytext=(-4 if end else 4, 6),
-                    textcoords="offset points", fontsize=8, ha="right" if end else "left")
     values = [x for x, _ in pts]
     if recommended is not None:
         worst = max(recommended.result.constraints, default=-1.0) + 1.0
@@ -404,6 +415,7 @@ def pareto_figure(results: Results, *, start: TrialResult | None = None,
     ax.set(xlabel="worst SLO term, as a share of its limit" + (" (log)" if log else ""),
            ylabel=objective_label(trials), title="Goodput against the worst SLO term")
     _share_axis(ax, values, share=any(r.objective is not None for _, r in trials))
+    _name_points(ax, results, pts)
     ax.legend(fontsize=8)
     name_figure(fig, subject)
     fig.tight_layout()
