@@ -25,6 +25,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
+
 from slopilot.engine.sim.scenario import Scenario
 from slopilot.engine.window_summary import WindowSummary
 from slopilot.tuner.loop.capacity import CapacityPlanner
@@ -133,17 +135,43 @@ def test_a_breach_at_the_count_given_up_on_scales_above_it_and_stays() -> None:
     assert 64 not in twin.runs, twin.runs
 
 
-def test_each_breach_above_an_answer_given_up_on_buys_the_next_count_that_holds() -> None:
-    # The twin is wrong up to 16 (it holds 15 and up; live, 17 and up). Each breach goes
-    # above the count that breached, never back to one that did, never to the maximum.
+def test_a_breach_in_the_band_at_a_count_the_twin_misses_buys_its_next_holding_count(
+) -> None:
+    # The fleet serves 13, above the count the twin gave up at (12), and breaches: the
+    # twin misses 13 too, so the count lies in the band where holding flips, and the
+    # twin's answer from it (14, with 15 holding) is bought, no live trial at 13.
+    twin = Twin(FLIPPY)
+    r, _, ctl = rig(twin, set(range(14, 65)), replicas=13)
+    decisions = run(ctl, 0, 1800)
+    lines = acted(decisions)
+    assert r.dep.scaled == [14], lines
+    assert r.dep.applied == [], lines
+    up = scale_ups(decisions)[0]
+    assert "gave up at 12" in up and "13 breaches live, a count the twin misses" in up, up
+
+
+def test_a_breach_above_the_band_is_the_configs_to_answer_not_the_count_given_up_on(
+) -> None:
+    # The twin is wrong up to 16 (it holds 14 and 15 and up; live, 17 and up). The breach
+    # at 12 buys 14, as above. 14 the twin holds with its next count: a breach there is
+    # no evidence against 12, and a live episode of configs at 14 (capacity_suffices)
+    # answers it; finding none, it buys one replica on that live evidence. (Before, each
+    # breach above 12 bought the twin's next count on the give-up rule, with no trial:
+    # a rule that, at counts the twin holds cleanly, bought a replica for good at every
+    # alert.)
     twin = Twin(FLIPPY)
     r, _, ctl = rig(twin, set(range(17, 65)))
     decisions = run(ctl, 0, 3600)
     lines = acted(decisions)
-    assert r.dep.scaled == [12, 14, 15, 16, 17], lines
-    assert r.dep.applied == [], lines
-    for reason, was in zip(scale_ups(decisions)[1:], [12, 14, 15, 16], strict=True):
-        assert "gave up at 12" in reason and f"{was} breaches live" in reason, reason
+    assert r.dep.scaled[:3] == [12, 14, 15], lines
+    assert 64 not in twin.runs, twin.runs
+    assert any("capacity_suffices at 14 replica(s); the twin's search gave up at 12" in line
+               and "14, above it, breaches live and the twin holds it" in line
+               for line in lines), lines
+    trials = {d.replicas for d in decisions if d.action is Action.TRIAL}
+    assert 12 not in trials and 14 in trials, trials
+    up = scale_ups(decisions)
+    assert "12 breaches live" in up[1] and "no_feasible_config" in up[2], up
 
 
 def test_with_an_offline_study_that_finds_no_config_the_breach_skips_the_twins_miss(
@@ -169,11 +197,15 @@ def test_after_the_load_grew_a_breach_at_the_new_answer_given_up_on_goes_above_i
     later = run(ctl, 600, 3000)
     lines = acted(later)
     assert r.dep.scaled == [12, 20, 21, 22], lines
-    assert r.dep.applied == [], lines
+    # 21 the twin holds with its next count: the breach there is tuned for first (no
+    # live trial at 20, the count given up on, nor at 12).
+    trials = {d.replicas for d in later if d.action is Action.TRIAL}
+    assert trials == {21}, trials
     up = scale_ups(later)
     assert up[0].startswith("scale_up 12->20") and "gave up" not in up[0], up
     assert "gave up at 20" in up[1] and "20 breach" in up[1], up
     assert "gave up at 20" in up[2] and "21 breach" in up[2], up
+    assert "no_feasible_config" in up[2], up
 
 
 def test_at_max_replicas_a_breach_at_an_answer_given_up_on_is_bounded_by_the_max() -> None:
@@ -207,3 +239,37 @@ def test_a_twin_busy_above_the_count_given_up_on_still_buys_one_replica_above_it
     assert r.dep.scaled == [12, 13], acted(later)
     up = scale_ups(later)[0]
     assert up.startswith("scale_up 12->13: twin_busy") and "gave up at 12" in up, up
+
+
+# A lighter load: the band moves down (3-11 flip), 12 and up hold. The search still
+# gives up (at 10: 4, 6 and 8 held while their next count missed).
+LIGHTER = {n: (1.3 if n < 3 else (0.75 if n % 2 == 0 else 1.1) if n < 12 else 0.7)
+           for n in range(1, 65)}
+
+
+@pytest.mark.parametrize("burst_s", [15, 60])
+def test_bursts_at_a_count_the_twin_holds_cleanly_buy_no_replica(burst_s: int) -> None:
+    # The twin gives up at 12 and holds 15 and up, each with its next count; the fleet
+    # serves 15. Six bursts, each an alert firing at the count serving for a minute (or
+    # one tick), then a quiet half hour. A breach at a count the twin holds cleanly is
+    # no evidence against the count it gave up at, far below: each is the config's to
+    # answer (capacity_suffices), not a replica bought for good. It bought 16, 17, ...
+    # 21, one per burst, and the lighter load after kept all of them.
+    twin = Twin(FLIPPY)
+    r, live, ctl = rig(twin, set(range(12, 65)), replicas=15)
+    decisions, t = run(ctl, 0, 900), 900
+    for _ in range(6):
+        live.holds = set(range(12, 65)) - {r.dep.n}
+        decisions += run(ctl, t, burst_s)
+        t += burst_s
+        live.holds = set(range(1, 65))
+        decisions += run(ctl, t, 1800)
+        t += 1800
+    lines = acted(decisions)
+    assert scale_ups(decisions) == [], lines
+    assert r.dep.n == 15, lines
+    assert any("capacity_suffices at 15" in line for line in lines), lines
+    twin.table = LIGHTER
+    later = run(ctl, t, 7200)
+    assert scale_ups(later) == [], acted(later)
+    assert r.dep.n <= 15, acted(later)

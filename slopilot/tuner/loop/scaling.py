@@ -116,11 +116,12 @@ def scaling(ctx: LoopContext, tick: Tick, entered: Go | None) -> Decision | Go:
 def _above_given_up(ctx: LoopContext, now: float, scenario: Scenario,
                     running: Mapping[str, Any], answer: CapacityAnswer, current: int,
                     at_least: int | None) -> tuple[CapacityAnswer | None, str] | None:
-    """The twin's search from the count above ``current`` (the count serving, which the
-    alert or episode that led here says misses) where its search from the minimum gave
-    up on an answer at or below it, with why; None where it did not give up there, or
-    where no count is left above (the maximum serves). Its answer is None where the twin
-    gave none this time: the live evidence's one replica more is then taken.
+    """Where the twin's search from the minimum gave up on an answer at or below
+    ``current`` (the count serving, which the alert or episode that led here says
+    misses), the twin's answer searched again where the breach says something of it,
+    with why; None where it did not give up there, or where the maximum serves. The
+    answer is None where the twin gave none this time: the live evidence's one replica
+    more is then taken.
 
     An answer given up on is the smallest count that held above the twin's last miss,
     its next count unchecked: holding flips near it, and a breach at it (the twin was
@@ -128,20 +129,36 @@ def _above_given_up(ctx: LoopContext, now: float, scenario: Scenario,
     on the same table gives up on the same count, and read as "capacity suffices" the
     breach at the count a scale-up bought started a live episode of configs there, then
     bought one replica (into a count the twin's runs miss), and the hourly trial budget
-    held the fleet at it, breaching, for hours. Above the breach the twin's answer is
-    its smallest count that holds there, checked against its next count as any answer
-    is, and never below a count that breached."""
-    s = ctx.settings
-    floor = max(current + 1, at_least or 0)
-    if not answer.gave_up or answer.replicas is None or answer.replicas >= floor \
-            or floor > s.max_replicas:
+    held the fleet at it, breaching, for hours. So a breach at the count given up on, or
+    live evidence that the count serving misses (``at_least``: an episode or the offline
+    study), is searched above it: the twin's smallest count that holds there, checked
+    against its next count as any answer is, never below a count that breached.
+
+    A breach above the count given up on says nothing of that count: the twin is asked
+    about the count serving itself (searched from it). Where it holds with its next
+    count, the twin holds it cleanly, above the band where holding flips, and the breach
+    is the config's to answer (``capacity_suffices``, the answer searched from it);
+    read as evidence against the count given up on, every alert at such a count bought
+    one replica for good (a fleet at 15 on a twin giving up at 12 went to 21 in six
+    bursts). Where the twin misses the count serving, or its next, the count lies in the
+    band, and its answer from there is the count to scale to."""
+    s, given = ctx.settings, answer.replicas
+    if not answer.gave_up or given is None or given > current or current >= s.max_replicas:
         return None
-    why = (f"the twin's search gave up at {answer.replicas} (held while the next count "
-           f"missed at {', '.join(map(str, answer.lucky))}: holding flips at this load) "
-           f"and {current} breaches live: searched from {floor}")
-    above = advice.capacity(ctx, now, scenario, running, floor, s.max_replicas,
-                            margin=ctx.scale_up_margin, running=running)
-    return above, why
+    flips = (f"the twin's search gave up at {given} (held while the next count missed "
+             f"at {', '.join(map(str, answer.lucky))}: holding flips at this load)")
+    if current == given or at_least is not None:
+        floor = max(current + 1, at_least or 0)
+        why = f"{flips} and {current} breaches live: searched from {floor}"
+        return advice.capacity(ctx, now, scenario, running, floor, s.max_replicas,
+                               margin=ctx.scale_up_margin, running=running), why
+    here = advice.capacity(ctx, now, scenario, running, current, s.max_replicas,
+                           margin=ctx.scale_up_margin, running=running)
+    if here is not None and here.replicas == current and not here.gave_up:
+        return here, (f"{flips}; {current}, above it, breaches live and the twin holds it "
+                      "with its next count")
+    return here, (f"{flips} and {current} breaches live, a count the twin misses (or its "
+                  f"next): searched from {current}")
 
 
 def _on_live_evidence(ctx: LoopContext, now: float, scenario: Scenario, current: int,
