@@ -178,22 +178,32 @@ def _config_schema() -> dict[str, Any]:
     return _obj({**top, "preemption": _obj(preemption)}, desc="Live engine knobs.")
 
 
-def _backoff_schema() -> dict[str, Any]:
-    """``backoff.Backoff.to_dict``: its verdict's situation (``backoff.situation``)."""
+def _situation_schema() -> dict[str, Any]:
+    """``backoff.situation``: what a verdict or a breach was reached under."""
     number = {"type": "number"}
     load = _obj({"rate": number, "prompt": number, "output": number, "requests": number,
                  "mix": {"type": "array", "items": number}, "digest": {"type": "string"}})
-    situation = _obj({"replicas": {"type": "integer"}, "config": _knobs(""),
-                      "settings": {"type": "string"}, "space": {"type": "string"},
-                      "load": load})
-    return _obj({"situation": situation, "until": number, "wait_s": number})
+    return _obj({"replicas": {"type": "integer"}, "config": _knobs(""),
+                 "settings": {"type": "string"}, "space": {"type": "string"},
+                 "load": load})
+
+
+def _backoff_schema() -> dict[str, Any]:
+    """``backoff.Backoff.to_dict``: its verdict's situation (``backoff.situation``)."""
+    number = {"type": "number"}
+    return _obj({"situation": _situation_schema(), "until": number, "wait_s": number})
+
+
+def _given_up_breach_schema() -> dict[str, Any]:
+    """``given_up.breached``: the largest count that breached, and its situation."""
+    return _obj({"replicas": {"type": "integer"}, "situation": _situation_schema()})
 
 
 # The free-form (dict) fields of the loop state and what the controller writes in each.
 _DICT_FIELDS = {"baseline_config": lambda: _knobs(""), "best_config": lambda: _knobs(""),
                 "config": lambda: _knobs(""), "revert_to": lambda: _knobs(""),
                 "twin": _twin_schema,
-                "backoff": _backoff_schema}
+                "backoff": _backoff_schema, "given_up_breach": _given_up_breach_schema}
 
 
 def _fields_schema(cls: type, desc: str = "") -> dict[str, Any]:

@@ -21,12 +21,14 @@ breaches (its window over the SLO, a scale alert firing) at every count outside 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
+from slopilot.engine.sim.arrivals import Poisson
 from slopilot.engine.sim.scenario import Scenario
 from slopilot.engine.window_summary import WindowSummary
 from slopilot.tuner.loop.capacity import CapacityPlanner
@@ -101,6 +103,17 @@ def rig(twin: Twin, holds: set[int], *, replicas: int = 4, max_replicas: int = 6
             offline=offline, settings={"max_replicas": max_replicas})
     r.ev = FakeEvaluator(dep, live.figures)
     return r, live, r.build()
+
+
+def rate_of(scenario: Scenario) -> float:
+    return scenario.workload.phases[-1].arrivals.mean_rate  # type: ignore[union-attr]
+
+
+def with_rate(scenario: Scenario, rate: float) -> Scenario:
+    *before, last = scenario.workload.phases  # type: ignore[union-attr]
+    phase = dataclasses.replace(last, arrivals=Poisson(rate=rate))
+    return dataclasses.replace(scenario, workload=dataclasses.replace(
+        scenario.workload, phases=(*before, phase)))  # type: ignore[arg-type]
 
 
 def run(ctl: Controller, start: int, seconds: int) -> list[Decision]:
@@ -267,9 +280,47 @@ def test_bursts_at_a_count_the_twin_holds_cleanly_buy_no_replica(burst_s: int) -
         t += 1800
     lines = acted(decisions)
     assert scale_ups(decisions) == [], lines
-    assert r.dep.n == 15, lines
-    assert any("capacity_suffices at 15" in line for line in lines), lines
+    suffices = [line for line in lines if "capacity_suffices at 1" in line]
+    assert suffices and all("above it, breaches live and the twin holds it" in line
+                            for line in suffices), lines
+    # The quiet fleet may go to 14, which the twin holds with its next count (with the
+    # scale-down's headroom), never lower: 13, the count above the one given up on,
+    # misses in its runs.
+    assert set(r.dep.scaled) <= {14}, lines
     twin.table = LIGHTER
     later = run(ctl, t, 7200)
     assert scale_ups(later) == [], acted(later)
     assert r.dep.n <= 15, acted(later)
+
+
+def test_a_lighter_load_gives_back_the_replicas_the_give_up_rule_bought() -> None:
+    # The breach at 12 bought 14 on the give-up rule. The load then falls to a quarter
+    # (past the probe's noise on the rig's 10 s windows): the twin's
+    # search from the minimum still gives up (at 10: the band moved down), but above it
+    # 12 holds with its next count, with the scale-down's headroom, and no live breach
+    # at this load says otherwise: the quiet fleet goes back to 12 and stays. (Before, a
+    # search that gave up was never read for a scale-down, and the 14 were kept for good.)
+    twin = Twin(FLIPPY)
+    r, live, ctl = rig(twin, set(range(14, 65)))
+    first = run(ctl, 0, 1800)
+    assert r.dep.scaled == [12, 14], acted(first)
+    twin.table, live.holds = LIGHTER, set(range(12, 65))
+    r.probe.scenario = with_rate(r.probe.scenario, rate_of(r.probe.scenario) / 4)
+    later = run(ctl, 1800, 2 * 3600)
+    lines = acted(later)
+    assert r.dep.scaled == [12, 14, 12], lines
+    down = [d.reason for d in later if d.reason.startswith("scale_down")]
+    assert len(down) == 1 and down[0].startswith("scale_down 14->12"), down
+    assert "gave up at 10" in down[0], down[0]
+
+
+def test_at_the_load_a_count_breached_at_the_scale_down_stays_above_it() -> None:
+    # As the load grew (the test above it): 20 and 21 breached live at this load, and
+    # the twin, giving up at 20, holds 20 and 21 with their next counts. The quiet fleet
+    # of 22 is not cut to either: the live breach at this load outweighs the twin there.
+    twin = Twin(FLIPPY)
+    r, live, ctl = rig(twin, set(range(12, 65)))
+    run(ctl, 0, 600)
+    twin.table, live.holds = GROWN, set(range(22, 65))
+    later = run(ctl, 600, 4 * 3600)
+    assert r.dep.scaled == [12, 20, 21, 22], acted(later)

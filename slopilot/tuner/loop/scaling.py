@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from slopilot.engine.sim.scenario import Scenario
-from slopilot.tuner.loop import advice, backoff, replica_plateau, scale_wait
+from slopilot.tuner.loop import advice, backoff, given_up, replica_plateau, scale_wait
 from slopilot.tuner.loop.capacity import CapacityAnswer
 from slopilot.tuner.loop.context import LoopContext, Tick
 from slopilot.tuner.loop.decision import Action, Decision
@@ -150,6 +150,7 @@ def _above_given_up(ctx: LoopContext, now: float, scenario: Scenario,
     if current == given or at_least is not None:
         floor = max(current + 1, at_least or 0)
         why = f"{flips} and {current} breaches live: searched from {floor}"
+        given_up.breached(ctx, scenario, current)
         return advice.capacity(ctx, now, scenario, running, floor, s.max_replicas,
                                margin=ctx.scale_up_margin, running=running), why
     here = advice.capacity(ctx, now, scenario, running, current, s.max_replicas,
@@ -157,6 +158,7 @@ def _above_given_up(ctx: LoopContext, now: float, scenario: Scenario,
     if here is not None and here.replicas == current and not here.gave_up:
         return here, (f"{flips}; {current}, above it, breaches live and the twin holds it "
                       "with its next count")
+    given_up.breached(ctx, scenario, current)
     return here, (f"{flips} and {current} breaches live, a count the twin misses (or its "
                   f"next): searched from {current}")
 

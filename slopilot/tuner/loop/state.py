@@ -252,6 +252,11 @@ class LoopState:
     backoff: dict[str, Any] | None = None
     """The last "max replicas reached and the SLO is not held" verdict, its situation and
     until when no new episode starts in it (``backoff.Backoff.to_dict``)."""
+    given_up_breach: dict[str, Any] | None = None
+    """The largest count that breached live where the twin's capacity search gave up at
+    or below it, with the situation (load, config, spec) it breached in: no scale-down
+    to it or below while that situation holds (``given_up.py``). None: none kept (and in
+    a state written before it)."""
     pending_restore: PendingRestore | None = None
     """A rollback that could not be applied, retried until it lands; no episode starts
     meanwhile (``restore.py``). None: nothing owed (and in a state written before it)."""

@@ -27,7 +27,14 @@ from collections.abc import Sequence
 
 from slopilot.engine.request import Priority
 from slopilot.engine.window_summary import WindowSummary
-from slopilot.tuner.loop import advice, backoff, replica_plateau, rollout_wait, scale_wait
+from slopilot.tuner.loop import (
+    advice,
+    backoff,
+    given_up,
+    replica_plateau,
+    rollout_wait,
+    scale_wait,
+)
 from slopilot.tuner.loop.context import LoopContext, Tick
 from slopilot.tuner.loop.decision import Action, Decision
 from slopilot.tuner.loop.episode import start_episode
@@ -266,9 +273,18 @@ def _scale_down(ctx: LoopContext, now: float) -> Go | str | None:
         if why is not None:
             log.info("%s: no scale-down: %s", s.key, why)
             return f"steady; no scale_down: {why}"
+        if (down := given_up.scale_down(ctx, now, scenario, running, answer,
+                                        current)) is not None:
+            ctx.deployment.scale(down[0])
+            return Go(ControllerState.COOLDOWN, Event.HEADROOM,
+                      f"scale_down {current}->{down[0]}: no alert that acts or says an "
+                      f"SLO is breached for {s.scale_down_after_s:g} s; {down[1]}",
+                      action=Action.SCALE)
         if answer.replicas is not None and answer.replicas < current and answer.gave_up:
             log.info("%s: no scale-down: holding flips near %d replicas (held while the "
-                     "next count missed at %s): noise at the line, no evidence for fewer",
+                     "next count missed at %s), and no count above it holds with its "
+                     "next below the count serving (and above any that breached live "
+                     "at this load)",
                      s.key, answer.replicas, ", ".join(map(str, answer.lucky)))
         return None
     ctx.deployment.scale(answer.replicas)
