@@ -118,9 +118,11 @@ def test_an_alert_scales_up_to_the_count_given_up_on_not_the_maximum() -> None:
     assert 64 not in calls, calls
 
 
-def test_a_quiet_fleet_is_not_scaled_down_on_an_answer_given_up_on() -> None:
+def test_a_quiet_fleet_is_scaled_down_above_an_answer_given_up_on_not_to_it() -> None:
     # The scale-down's search from 64 gives up at 12, whose next count misses: noise
-    # near the line, no evidence that 12 would serve. The fleet stays.
+    # near the line, no evidence that 12 would serve. Above it the twin holds 14 with
+    # its next count (15), and no live breach at this load says otherwise: the fleet
+    # goes to 14 (``loop/given_up.py``), not to 12. (Before, it kept all 64.)
     calls: list[int] = []
     rig = Rig(dep=FakeDeployment(n=64), planner=by_share(FLIPPY, calls),  # type: ignore[arg-type]
               alerts=FakeAlerts([]), offline=None, probe=FakeProbe(),
@@ -128,4 +130,6 @@ def test_a_quiet_fleet_is_not_scaled_down_on_an_answer_given_up_on() -> None:
     ctl = rig.build()
     decisions = [ctl.tick(float(t)) for t in range(0, 120, 15)]
     assert 12 in calls, calls  # the search did run and gave up at 12
-    assert rig.dep.scaled == [], [d.line() for d in decisions]
+    assert rig.dep.scaled == [14], [d.line() for d in decisions]
+    down = [d.reason for d in decisions if d.reason.startswith("scale_down")]
+    assert "gave up at 12" in down[0] and "holds 14 with its next count" in down[0], down

@@ -8,11 +8,14 @@ at the same count: read as "capacity suffices at the current count", it started 
 episode of configs at a count the twin itself called noise at the line, then a scale-up
 of one replica into a count the twin's table misses, and the hourly trial budget then
 held the fleet there, breaching, for hours (``steady_count.py``'s docstring named the
-risk: "not tested through a cycle"). A breach at a count at or above an answer given up
-on is live evidence that the count misses: the loop scales to the smallest count the
-twin holds above it, bounded by ``max_replicas``, says why in the decision, runs no
-live trial at a count the replicas are the remedy for, and never gives the replicas
-back on an answer given up on (no flapping).
+risk: "not tested through a cycle"). A breach at an answer given up on, or at a count
+above it in the band the twin misses, is live evidence that the count misses: the loop
+scales to the smallest count the twin holds above it, bounded by ``max_replicas``, says
+why in the decision, and runs no live trial at a count the replicas are the remedy for.
+A breach at a count the twin holds with its next count is the config's (a live episode),
+not a replica bought for good at every alert. A scale-down on a search that gave up goes
+only to the count above it that holds with its next, and never to a count that breached
+live at the same load (no flapping); at a lighter load the replicas go back.
 
 The controller runs on the fakes with a scripted clock (a tick every 15 s); the twin is
 the real ``CapacityPlanner`` on a table of P0 TTFT shares per count, and the live fleet

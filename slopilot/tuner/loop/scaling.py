@@ -6,8 +6,9 @@ study whether some config holds at the current count and tunes if so; when the s
 finds none, at least one more replica is needed, whatever the capacity plan's shorter
 simulation says of the current count. The capacity plan (with ``scale_up_margin`` to
 spare) says how many replicas the measured load needs, within min and max (where its
-search gave up at a count at or below the one breaching, it is searched again above that
-count: ``_above_given_up``); at max replicas with nothing holding, the closest configs
+search gave up at the count breaching, or below one in the band it misses, it is searched
+again above that count; a breach at a count it holds with its next is the config's:
+``_above_given_up``); at max replicas with nothing holding, the closest configs
 still get one live episode, and an episode that then finds nothing ends here with an
 inform, whose verdict holds off the next such episode in the same situation
 (``backoff.py``).

@@ -29,10 +29,13 @@ table (1-5 missing, 6-14 flipping, 15 and up holding) bought 64 replicas where 1
 up held on every run, and the scale-down's search, giving up the same way on the same
 seeds, kept them for good. An answer given up on is enough to scale up to, and no
 evidence for fewer replicas than a fleet has: the live loop's scale-down does not take
-it (``CapacityAnswer.fewer_hold``). Nor is it evidence that a fleet breaching at or above
-it suffices: the live loop's scale-up then searches again from the count above the one
-that breached (``scaling._above_given_up``); on the same table this search would give
-up on the same count, and read as "capacity suffices" it held a breaching fleet there.
+it (``CapacityAnswer.fewer_hold``), only the count above it that holds with its next
+count, above any count that breached live at that load (``given_up.py``). Nor is it
+evidence that a fleet breaching at it, or at a count in the band the twin misses,
+suffices: the live loop's scale-up then searches again above the count that breached
+(``scaling._above_given_up``); on the same table this search would give up on the same
+count, and read as "capacity suffices" it held a breaching fleet there. A breach at a
+count the twin holds with its next count is the config's to answer, as any.
 
 Cost: one run more than the bisection where holding is monotone (per search that finds
 a count; none where the answer is the maximum or its next count was run already); where

@@ -90,16 +90,18 @@ TRANSITIONS: tuple[Transition, ...] = (
                "an alert with action retune fires (and none with action hold)"),
     Transition(S.STEADY, S.COOLDOWN, Event.HEADROOM,
                "quiet for scale_down_after_s and the simulator holds the SLO with fewer "
-               "replicas: scaled down"),
+               "replicas (where its search gave up, at the count above that holds with "
+               "its next, above any that breached live at this load): scaled down"),
     Transition(S.STEADY, S.COOLDOWN, Event.REPLICAS_FLAT,
                "quiet for scale_down_after_s, no count holds in simulation and more "
                "replicas stop moving the worst term past fewer than now: scaled down"),
     Transition(S.SCALING, S.TUNING, Event.RETUNE_SUFFICES,
                "the offline study finds a config that holds at this replica count"),
     Transition(S.SCALING, S.TUNING, Event.CAPACITY_SUFFICES,
-               "the simulator holds the SLO at the current replica count (not on a count "
-               "its search gave up at: below max, that search goes on above the count "
-               "that breached and scales up)"),
+               "the simulator holds the SLO at the current replica count with its next "
+               "count (not on a count its search gave up at, nor one in the band it "
+               "misses: below max, the search goes on above the count that breached and "
+               "scales up)"),
     Transition(S.SCALING, S.TUNING, Event.TUNE_CLOSEST,
                "at max replicas and nothing holds in simulation (or its search gave up at "
                "a count the breaching max lies above): try the closest live"),
