@@ -234,7 +234,7 @@ def rendered_body(kube: Kube, body: Mapping[str, Any], mint: TokenMint,
         if trial is None:
             return body
         asked = answers if answers is not None else FAILED_TRIALS
-        failed = asked.failed(trial, lambda: failed_in_study(trial))
+        failed = asked.failed(trial, lambda: failed_in_study(trial), storage=trial.storage)
         if failed is None and defer_unanswered:
             raise RenderDeferred(
                 f"{meta['name']}: whether trial {trial.number} of study {trial.study!r} "
