@@ -4,7 +4,8 @@ statement timeout, an error its caller reports, not a thread held for good.
 A server that accepts the connection and then holds a query (a lock another session
 keeps, a migration, a hung backend) held the operator's thread for as long as it did:
 the connect timeout ends only a connection not made. The question whether a trial was
-told failed (``failed_trials.py``) has 4 workers for every CR; a held read kept one each.
+told failed (``failed_trials.py``) has 4 workers for every CR, one read a storage at a time;
+a held read kept its worker and its storage's slot until the server let it go.
 """
 
 from __future__ import annotations
