@@ -199,11 +199,17 @@ def _given_up_breach_schema() -> dict[str, Any]:
     return _obj({"replicas": {"type": "integer"}, "situation": _situation_schema()})
 
 
+def _missed_trials_schema() -> dict[str, Any]:
+    """``missed_trials.add``: the cut episodes' measured misses, and their situation."""
+    return _obj({"trials": {"type": "integer"}, "situation": _situation_schema()})
+
+
 # The free-form (dict) fields of the loop state and what the controller writes in each.
 _DICT_FIELDS = {"baseline_config": lambda: _knobs(""), "best_config": lambda: _knobs(""),
                 "config": lambda: _knobs(""), "revert_to": lambda: _knobs(""),
                 "twin": _twin_schema,
-                "backoff": _backoff_schema, "given_up_breach": _given_up_breach_schema}
+                "backoff": _backoff_schema, "given_up_breach": _given_up_breach_schema,
+                "missed_trials": _missed_trials_schema}
 
 
 def _fields_schema(cls: type, desc: str = "") -> dict[str, Any]:

@@ -132,7 +132,8 @@ def parse_trials_per_hour(raw: str) -> int:
 def trial_ceiling_warning(spec: LLMDeploymentSpec, policy: OperatorPolicy) -> str | None:
     """What a CR whose ``spec.tuning.maxTrials`` is over the administrator's ceiling is
     told (None: it is not, or it does not tune): its episodes end on the hour's cap before
-    their own, so they never reach the verdict that no config holds."""
+    their own, so one never reaches the verdict that no config holds (the misses of such
+    cut episodes add up to it only over several hours: ``loop/missed_trials.py``)."""
     tuning = spec.tuning
     ceiling = policy.max_trials_per_hour
     if not tuning.enabled or tuning.max_trials <= ceiling:
@@ -142,7 +143,8 @@ def trial_ceiling_warning(spec: LLMDeploymentSpec, policy: OperatorPolicy) -> st
             f"episode ends once {ceiling} trials started in the last hour "
             "(trial_rate_limit), committing the best config that held, or, where none "
             "held, keeping its starting config and buying no replica on a sample cut "
-            "short; an alert still firing starts a new episode once the hour allows "
+            "short until such episodes' misses at one replica count and load add up to "
+            "maxTrials; an alert still firing starts a new episode once the hour allows "
             f"trials again. Lower maxTrials to {ceiling} or less for an episode to reach "
             "its verdict, or ask the cluster admin to raise "
             f"{MAX_TRIALS_PER_HOUR_ENV}")

@@ -25,6 +25,7 @@ breaches (its window over the SLO, a scale alert firing) at every count outside 
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -99,11 +100,11 @@ class Live:
 
 
 def rig(twin: Twin, holds: set[int], *, replicas: int = 4, max_replicas: int = 64,
-        offline: FakeOffline | None = None) -> tuple[Rig, Live, Controller]:
+        offline: FakeOffline | None = None, **settings: Any) -> tuple[Rig, Live, Controller]:
     dep = FakeDeployment(n=replicas)
     live = Live(dep, holds)
     r = Rig(dep=dep, planner=twin.planner(), alerts=live,  # type: ignore[arg-type]
-            offline=offline, settings={"max_replicas": max_replicas})
+            offline=offline, settings={"max_replicas": max_replicas, **settings})
     r.ev = FakeEvaluator(dep, live.figures)
     return r, live, r.build()
 
@@ -327,3 +328,66 @@ def test_at_the_load_a_count_breached_at_the_scale_down_stays_above_it() -> None
     twin.table, live.holds = GROWN, set(range(22, 65))
     later = run(ctl, 600, 4 * 3600)
     assert r.dep.scaled == [12, 20, 21, 22], acted(later)
+
+
+def test_episodes_cut_by_the_hours_budget_add_up_to_a_replica_bought() -> None:
+    # The twin holds 15 cleanly; live, 15 breaches and 16 and up hold. The hour allows
+    # 4 trials, an episode 6. Each episode at 15 (capacity_suffices) is cut by the
+    # hour's budget, and a cut episode buys no replica: the fleet sat breaching at 15
+    # for hours, episode after episode. Their measured misses at the same count, load,
+    # spec and config add up: at 6 (max_trials) nothing held, as one whole episode
+    # would have said, and a replica is bought on that live evidence.
+    twin = Twin(FLIPPY)
+    r, _, ctl = rig(twin, set(range(16, 65)), replicas=15, max_trials=6,
+                    max_trials_per_hour=4)
+    decisions = run(ctl, 0, 3 * 3600)
+    lines = acted(decisions)
+    assert r.dep.scaled[:1] == [16], lines
+    up = scale_ups(decisions)
+    found = re.search(r"no_feasible_config after (\d+) measured trials at 15 replica\(s\) "
+                      r"across episodes cut by the hour's budget", up[0])
+    assert found is not None and int(found.group(1)) >= 6, up
+    # Each cut episode before it still held the starting config, no replica bought.
+    cut = [line for line in lines
+           if line.startswith("state=cooldown") and "trial_rate_limit" in line]
+    assert len(cut) >= 2, lines
+    assert all("measured misses at this count and load" in line for line in cut), lines
+    trials = [d for d in decisions if d.action is Action.TRIAL]
+    assert {d.replicas for d in trials} == {15}, lines
+    assert len(trials) == int(found.group(1)), lines
+    # 16 holds: no alert, no episode, no more replicas.
+    assert r.dep.scaled == [16], lines
+
+
+def test_a_cut_episode_still_buys_no_replica_while_its_misses_are_below_max_trials() -> None:
+    # As above, but the budget's misses add up to fewer than max_trials (12) within the
+    # first hours: every cut episode holds the starting config, and no replica is bought.
+    twin = Twin(FLIPPY)
+    r, _, ctl = rig(twin, set(range(16, 65)), replicas=15, max_trials=12,
+                    max_trials_per_hour=4)
+    decisions = run(ctl, 0, 3600 + 1800)
+    lines = acted(decisions)
+    assert r.dep.scaled == [], lines
+    assert any(line.startswith("state=cooldown") and "trial_rate_limit" in line
+               for line in lines), lines
+
+
+def test_a_load_that_moved_starts_the_cut_episodes_count_again() -> None:
+    # The first cut episode's 4 misses are kept with the load they were measured at. The
+    # load then falls to a quarter (the twin still holds 15, live 15 still breaches): the
+    # misses were evidence for their own load only, and the next cut episode counts from
+    # its own trials, not from 4.
+    twin = Twin(FLIPPY)
+    r, _, ctl = rig(twin, set(range(16, 65)), replicas=15, max_trials=6,
+                    max_trials_per_hour=4)
+    first = run(ctl, 0, 1800)
+    kept = ctl.loop.missed_trials
+    assert kept is not None and kept["trials"] == 4, acted(first)
+    r.probe.scenario = with_rate(r.probe.scenario, rate_of(r.probe.scenario) / 4)
+    later = run(ctl, 1800, 3600)
+    cut = [re.search(r"none of this episode's (\d+) held; (\d+) of 6 measured misses", line)
+           for line in acted(later)
+           if line.startswith("state=cooldown") and "trial_rate_limit" in line]
+    assert cut and cut[0] is not None, acted(later)
+    assert cut[0].group(1) == cut[0].group(2), acted(later)
+    assert r.dep.scaled == [], acted(later)

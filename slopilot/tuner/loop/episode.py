@@ -30,6 +30,7 @@ from slopilot.engine.request import Priority
 from slopilot.tuner.loop import (
     advice,
     backlog_wait,
+    missed_trials,
     restore,
     rollout_wait,
     rollout_watch,
@@ -212,12 +213,24 @@ def commit(ctx: LoopContext, tick: Tick, entered: Go | None) -> Decision | Go:
                       "rather than scaling on no verdict", action=Action.HOLD,
                       summary=summary)
         if _rate_limited(ctx):
-            return _hold_for_rate_limit(ctx)
+            # Cut episodes at one count add up (``missed_trials.py``): at ``max_trials``
+            # measured misses, the whole episode's verdict, a replica is bought.
+            total = missed_trials.add(ctx, tick.now, loop.episode_measured or 0)
+            if total < ctx.settings.max_trials:
+                return _hold_for_rate_limit(ctx, total)
+            missed_trials.forget(ctx)
+            return Go(ControllerState.SCALING, Event.NO_FEASIBLE_CONFIG,
+                      f"no_feasible_config after {total} measured trials at "
+                      f"{ctx.deployment.replicas()} replica(s) across episodes cut by the "
+                      f"hour's budget ({loop.episode_trials} in this one), none held",
+                      at_least=ctx.deployment.replicas() + 1)
         if loop.episode_measured == 0:  # None, not known (an older version's), is no 0
             return _hold_unmeasured(ctx)
+        missed_trials.forget(ctx)
         return Go(ControllerState.SCALING, Event.NO_FEASIBLE_CONFIG,
                   f"no_feasible_config after {loop.episode_trials} trials",
                   at_least=ctx.deployment.replicas() + 1)
+    missed_trials.forget(ctx)
     ctx.deployment.apply_config(loop.best_config, canary=False)
     # Its rollout, watched through the cooldown, is reverted to the committed config the
     # episode began on where it sticks (``rollout_wait.cooling``).
@@ -236,20 +249,22 @@ def _rate_limited(ctx: LoopContext) -> bool:
         len(loop.trial_starts) >= s.hourly_trials
 
 
-def _hold_for_rate_limit(ctx: LoopContext) -> Go:
+def _hold_for_rate_limit(ctx: LoopContext, total: int) -> Go:
     """Nothing held in the trials the hour allowed. That says the budget is spent, not
     that no config holds: read as live evidence, one trial that missed bought a replica
     while the warm starts the twin said hold were never tried. The episode's starting
     config is kept (restored by the caller) and the loop cools down; the alert, if it
     still fires, starts a new episode once the hour allows trials again (STEADY holds
-    until then)."""
+    until then). ``total``: the measured misses of the cut episodes at this count and
+    load so far (``missed_trials.py``), below ``max_trials``."""
     loop, s = ctx.loop, ctx.settings
     untried = max(0, loop.episode_warm_starts - loop.episode_trials)
     warm = f"; {untried} warm start(s) untried" if untried else ""
     return Go(ControllerState.COOLDOWN, Event.TRIAL_RATE_LIMIT,
               f"trial_rate_limit: {s.hourly_trials} trials in the last hour, none "
-              f"of this episode's {loop.episode_trials} held{warm}; holding the starting "
-              "config rather than scaling on a spent budget", action=Action.HOLD)
+              f"of this episode's {loop.episode_trials} held{warm}; {total} of "
+              f"{s.max_trials} measured misses at this count and load; holding the "
+              "starting config rather than scaling on a spent budget", action=Action.HOLD)
 
 
 def _hold_unmeasured(ctx: LoopContext) -> Go:

@@ -257,6 +257,11 @@ class LoopState:
     or below it, with the situation (load, config, spec) it breached in: no scale-down
     to it or below while that situation holds (``given_up.py``). None: none kept (and in
     a state written before it)."""
+    missed_trials: dict[str, Any] | None = None
+    """The measured misses (``trials``) of episodes cut by the hour's trial budget with
+    nothing held, added up while their situation (``situation``: count, load, config,
+    spec) stays the same: at ``max_trials`` the commit buys a replica on them
+    (``missed_trials.py``). None: none kept (and in a state written before it)."""
     pending_restore: PendingRestore | None = None
     """A rollback that could not be applied, retried until it lands; no episode starts
     meanwhile (``restore.py``). None: nothing owed (and in a state written before it)."""

@@ -140,8 +140,10 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition(S.COMMIT, S.COOLDOWN, Event.COMMITTED,
                "the episode's best feasible config applied to every replica"),
     Transition(S.COMMIT, S.COOLDOWN, Event.TRIAL_RATE_LIMIT,
-               "the hour's trials ran out before any held: the starting config kept, no "
-               "replica bought on a spent budget"),
+               "the hour's trials ran out before any held, and the measured misses of "
+               "such cut episodes at this count, load, config and spec add up to fewer "
+               "than max_trials: the starting config kept, no replica bought on a spent "
+               "budget"),
     Transition(S.COMMIT, S.COOLDOWN, Event.NOTHING_MEASURED,
                "no trial of the episode was judged on a measured window (no data, too "
                "few requests, refused): the starting config kept, no replica bought on "
@@ -151,7 +153,9 @@ TRANSITIONS: tuple[Transition, ...] = (
                "the starting config kept, no replica bought on no verdict"),
     Transition(S.COMMIT, S.SCALING, Event.NO_FEASIBLE_CONFIG,
                "no live trial held the SLO in max_trials (not cut by the hour's "
-               "budget, at least one measured): at least one more replica"),
+               "budget, at least one measured), or the measured misses of episodes cut "
+               "by it at this count, load, config and spec add up to max_trials: at "
+               "least one more replica"),
     Transition(S.COOLDOWN, S.STEADY, Event.COOLDOWN_OVER,
                "cooldown_s has passed, and after a scale-up its replicas serve (the "
                "cooldown counts from then) or replica_ready_s has passed (said: inform, "
