@@ -252,6 +252,27 @@ class Clocked(Stop):
         return super().wait(timeout)
 
 
+def said_while_running(reflector: Reflector, api: Api, name: str
+                       ) -> list[tuple[float, str]]:
+    """Run ``reflector`` to its stop, its INFO lines and above kept with the API's clock
+    at each (its DEBUG ones dropped)."""
+    said: list[tuple[float, str]] = []
+
+    class Said(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.levelno >= logging.INFO:
+                said.append((api.now, record.getMessage()))
+
+    reflector.log = logging.getLogger(name)
+    reflector.log.addHandler(handler := Said())
+    reflector.log.setLevel(logging.DEBUG)
+    try:
+        reflector.run()
+    finally:
+        reflector.log.removeHandler(handler)
+    return said
+
+
 def test_watches_cut_again_and_again_are_said_once_then_summed_up_each_interval() -> None:
     """A proxy cutting each watch at once had a line at each LIST, every 30 s for as long
     as it lasted: said at the first cut, then once each CUT_SAY_S, summing up the cuts
@@ -260,23 +281,10 @@ def test_watches_cut_again_and_again_are_said_once_then_summed_up_each_interval(
 
     stop = Clocked(limit=80)
     api = stop.api = Api(stop, watches=[[CUTS[0]]])
-    said: list[tuple[float, str]] = []
-
-    class Said(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            if record.levelno >= logging.INFO:
-                said.append((api.now, record.getMessage()))
-
     cuts: list[float] = []
     reflector = api.reflector()
     reflector.watch_from = lambda version: (cuts.append(api.now), api.watch_from(version))[1]
-    reflector.log = logging.getLogger("tests.reflector.cuts")
-    reflector.log.addHandler(handler := Said())
-    reflector.log.setLevel(logging.DEBUG)
-    try:
-        reflector.run()
-    finally:
-        reflector.log.removeHandler(handler)
+    said = said_while_running(reflector, api, "tests.reflector.cuts")
     assert len(cuts) == 80 and len(api.listed) == 80  # each listed again, as before
     # 80 cuts, backing off 1 s doubling to 30 s: ~38 min. The first said at once, then
     # the first cut CUT_SAY_S after the last line sums up the cuts since.
@@ -303,21 +311,7 @@ def test_a_burst_of_cuts_that_ends_is_summed_up_when_the_watch_holds_again() -> 
 
     stop = Clocked(limit=19)
     api = stop.api = Api(stop, watches=[[CUTS[0]]] * 18 + ["long", [CUTS[0]]])
-    said: list[tuple[float, str]] = []
-
-    class Said(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            if record.levelno >= logging.INFO:
-                said.append((api.now, record.getMessage()))
-
-    reflector = api.reflector()
-    reflector.log = logging.getLogger("tests.reflector.burst")
-    reflector.log.addHandler(handler := Said())
-    reflector.log.setLevel(logging.DEBUG)
-    try:
-        reflector.run()
-    finally:
-        reflector.log.removeHandler(handler)
+    said = said_while_running(api.reflector(), api, "tests.reflector.burst")
     burst_s = sum(w or 0.0 for w in stop.waits[:18]) + RELIST_CAP_S
     assert burst_s < CUT_SAY_S  # the burst ends before a second line would have come
     assert [line.split(" (")[0] for _, line in said] == [
