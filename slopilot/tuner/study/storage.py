@@ -13,6 +13,7 @@ import weakref
 import optuna
 from optuna.trial import TrialState
 
+from slopilot.tuner.study import study_delete
 from slopilot.tuner.study.heartbeat import (
     GRACE_S,
     HEARTBEAT_S,
@@ -154,11 +155,16 @@ def stored_trial(storage: str, name: str, number: int) -> optuna.trial.FrozenTri
 def delete_named_study(storage: str, name: str) -> bool:
     """Delete the study ``name``, with every trial, from ``storage`` (a database URL);
     False where it is not there. A SQLite file that does not exist holds no study: it is
-    not created for the question. StudyStorageError where the storage cannot be reached."""
+    not created for the question. Deleted a few hundred trials a transaction
+    (``study_delete.py``). StudyStorageError where the storage cannot be reached."""
     if _absent_sqlite(storage):
         return False
     store = _storage(storage, HEARTBEAT_S, GRACE_S)
     try:
+        if isinstance(store, optuna.storages.RDBStorage):
+            # In short transactions: Optuna's one held a shared SQLite file's write
+            # lock past the busy timeout of other tenants' tells (study_delete.py).
+            return study_delete.delete_study(store, name)
         optuna.delete_study(study_name=name, storage=store)
     except KeyError:
         return False
