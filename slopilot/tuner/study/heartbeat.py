@@ -23,6 +23,8 @@ from optuna.trial import FrozenTrial
 from sqlalchemy import event
 from sqlalchemy.engine import Engine, make_url
 
+from slopilot.tuner.study.sqlite_tuning import sqlite_engine_kwargs
+
 log = logging.getLogger(__name__)
 HEARTBEAT_S = 30
 """How often a process records a heartbeat for each trial it holds open."""
@@ -107,6 +109,7 @@ def rdb_storage(url: str, heartbeat_s: int, grace_s: int, *,
         if own is not None and not isinstance(own, str):
             args["options"] = " ".join(own)
         engine["connect_args"] = args
+    engine.update(sqlite_engine_kwargs(parsed))  # the busy timeout: sqlite_tuning.py
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ExperimentalWarning)
         storage = RDBStorage(url, engine_kwargs=engine, heartbeat_interval=heartbeat_s,
