@@ -218,16 +218,18 @@ class Controller(LoopContext):
     def _rollback(self, now: float, exc: Exception) -> Decision:
         loop = self.loop
         number = None
+        # With its cause (errors.said): Optuna's StorageInternalError blames "invalid
+        # data in the commit" for a file another tenant held locked.
+        cause = f"error: {type(exc).__name__}: {said(exc)}"
         if loop.trial is not None:
             number = loop.trial.number
             try:
-                self.study.tell_failed(number, f"error: {exc}")
+                self.study.tell_failed(number, cause)
             except Exception:  # the study may be what failed; the rollback matters more
                 log.exception("%s: could not record the failed trial",
                               self.settings.key)
             self.metrics.trial(self.settings.deployment, TrialOutcome.FAILED)
             loop.trial = None
-        cause = f"error: {type(exc).__name__}: {said(exc)}"
         target = loop.rollback_config()
         if loop.pending_restore is not None:  # tried at its own pace, not at every error
             reason = f"{cause}; a restore is owed: {restore.owed(loop.pending_restore, now)}"
