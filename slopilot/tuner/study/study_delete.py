@@ -37,7 +37,7 @@ lock each time a tenant's tell looked. PostgreSQL queues its waiters: no pause t
 
 
 def _trials() -> sa.Table:
-    return models.TrialModel.__table__  # type: ignore[return-value]
+    return models.TrialModel.__table__
 
 
 def trial_tables() -> list[sa.Table]:
