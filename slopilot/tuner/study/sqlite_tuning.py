@@ -4,8 +4,8 @@ Every tenant that names no storage shares one SQLite file (``operator/default_st
 and SQLite lets one connection write at a time: a writer that finds the file locked
 waits up to its busy timeout, then fails "database is locked" (Optuna does not retry;
 the loop reverts the trial it could not tell). The driver's default is 5 s. A study is
-now deleted a few hundred trials a transaction (``study_delete.py``: some 30 ms of lock
-each, where Optuna's one transaction held it 11 s at 15000 trials), so no single write
+now deleted a few hundred trials a transaction (``study_delete.py``: 0.04-0.16 s of lock
+each, where Optuna's one transaction held it 14 s at 10000 trials), so no single write
 holds the file for long; but SQLite's waiters poll (up to every 100 ms) with no queue,
 so a tell behind a deletion's chunks and several tenants' tells can wait seconds on a
 loaded node. ``BUSY_TIMEOUT_S`` gives them 30 s: far past any write of a study, and
