@@ -8,9 +8,10 @@ SQL into a study of ``--trials`` trials, and deletes that one while:
 
 - a probe connection with no busy wait tries ``BEGIN IMMEDIATE`` and a read every 20 ms:
   the longest span it found the file write-locked, and read-blocked;
-- the victim's ``tell`` starts the first time the probe finds the file write-locked.
+- the victim's ``tell`` starts once the probe has found the file write-locked for
+  ``--tell-after`` seconds on end (``tell=no_window`` where it never was).
 
-    .venv/bin/python benchmarks/study_delete_lock.py [--trials 10000]
+    .venv/bin/python benchmarks/study_delete_lock.py [--trials 10000] [--tell-after 0.3]
 
 Ends with ``RESULT trials=... delete_s=... write_lock_s=... read_block_s=...
 tell_s=... tell=ok|<error>``. Run it against an older checkout by ``PYTHONPATH``: it
@@ -80,6 +81,7 @@ def _clone(db: Path, seed: str, big: str, n: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=10000)
+    parser.add_argument("--tell-after", type=float, default=0.3)
     args = parser.parse_args()
     logging.disable(logging.WARNING)
     with tempfile.TemporaryDirectory() as tmp:
@@ -109,7 +111,7 @@ def main() -> None:
                             probe.execute("ROLLBACK")
                     except sqlite3.OperationalError:
                         since[kind] = since[kind] or now
-                        if kind == "write":
+                        if kind == "write" and now - (since[kind] or now) >= args.tell_after:
                             locked.set()
                     else:
                         start = since[kind]
@@ -119,7 +121,9 @@ def main() -> None:
                 time.sleep(0.02)
 
         def tell() -> None:
-            if not locked.wait(600):
+            locked.wait()
+            if stop.is_set():
+                told["tell"] = "no_window"
                 return
             start = time.perf_counter()
             try:
@@ -127,7 +131,8 @@ def main() -> None:
                 told["tell"] = "ok"
             except Exception as exc:  # the failure measured: say it
                 cause = exc.__cause__
-                told["tell"] = f"{type(exc).__name__}({type(cause).__name__}: {cause})"
+                line = str(cause).splitlines()[0] if cause is not None else ""
+                told["tell"] = f"{type(exc).__name__}({type(cause).__name__}: {line})"
             tell_s.append(time.perf_counter() - start)
 
         threads = [threading.Thread(target=watch), threading.Thread(target=tell)]
