@@ -64,7 +64,7 @@ from slopilot.tuner.loop.state import (
 )
 from slopilot.tuner.loop.transitions import Event, check
 from slopilot.tuner.study.results import result_of
-from slopilot.tuner.study.storage import StudyStorageError, open_study, study_names
+from slopilot.tuner.study.storage import StudyStorageError, stored_trial
 from slopilot.tuner.study.storage_url import shown
 from slopilot.tuner.study.study_family import LeftTrial, fail_left_trial, in_family, told_failed
 from slopilot.tuner.study.study_target import StudyTarget
@@ -247,16 +247,13 @@ def _told(t: RunningTrial, body: Mapping[str, Any], policy: OperatorPolicy,
     if url is None or t.study is None:
         return None
     try:
-        if t.study not in study_names(url):
-            return None
-        trials = open_study(url, t.study).get_trials(
-            deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL))
-    except Exception as exc:  # StudyStorageError, SQLAlchemy's many kinds: resumed as is
-        log.warning("%s/%s: trial %d's end not read in its study (%s: %s): resumed",
-                    body["metadata"]["namespace"], body["metadata"]["name"], t.number,
-                    type(exc).__name__, exc)
+        told = stored_trial(url, t.study, t.number)
+    except StudyStorageError as exc:
+        log.warning("%s/%s: trial %d's end not read in its study (%s): resumed",
+                    body["metadata"]["namespace"], body["metadata"]["name"], t.number, exc)
         return None
-    return next((told for told in trials if told.number == t.number), None)
+    return told if told is not None and told.state in (TrialState.COMPLETE,
+                                                       TrialState.FAIL) else None
 
 
 @dataclass(frozen=True)
