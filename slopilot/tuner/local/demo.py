@@ -417,7 +417,7 @@ def _run_demo(opts: DemoOptions, console: Console, result: DemoResult,
             f"P0 {before.classes['p0']:.0%}; the shift comes at t+{opts.shift_s:g}s")
         stops.phase = StopPhase.LOOP
         samples = _control_loop(opts, ctl, dep, recorded, sources.timeline, load, after, say,
-                                result, machine)
+                                result, machine, stops.deliver)
         stops.finishing()
         load.stop()
         say(f"load stopped: {load.sent} sent: {load.ok} ok, {load.failed} failed, "
@@ -510,7 +510,7 @@ def _controller(opts: DemoOptions, scenario: Scenario, dep: LocalDeployment,
 def _control_loop(opts: DemoOptions, ctl: Controller, dep: LocalDeployment,
                   recorded: RecordingAlerts, timeline: WindowEvaluator, load: LoadGenerator,
                   after: Phase, say: Narrator, result: DemoResult,
-                  machine: MachineLoad) -> list[Sample]:
+                  machine: MachineLoad, lost_stop: Callable[[], None]) -> list[Sample]:
     """Tick every ``tick_s`` until the end, the load shifting half-way; one sample a tick.
 
     Each tick's events are timed after ``ctl.tick`` returns: what it applied is in effect
@@ -527,6 +527,7 @@ def _control_loop(opts: DemoOptions, ctl: Controller, dep: LocalDeployment,
     # nothing to read). Before the loop there is nothing to report: it goes on up.
     try:
         while (now := clock()) - t0 < opts.duration_s:
+            lost_stop()  # a Ctrl-C Python swallowed mid-turn (DemoStops.deliver)
             if not shifted and now - t0 >= opts.shift_s:
                 shifted = True
                 load.set_phase(after)

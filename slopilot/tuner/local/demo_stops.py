@@ -47,6 +47,7 @@ class DemoStops:
         self.first: str = ""
         """The first stop's name (``Ctrl-C``, ``SIGTERM``); empty while none came."""
         self.first_in: StopPhase | None = None
+        self._raised: BaseException | None = None
         self._previous: dict[int, Callable[..., Any] | int | None] = {}
 
     def __enter__(self) -> DemoStops:
@@ -64,10 +65,23 @@ class DemoStops:
         """The loop is over: from now on a first stop is recorded, not raised."""
         self.phase = StopPhase.FINISHING
 
+    def deliver(self) -> None:
+        """Raise again a stop the handler raised where Python swallowed it, for a loop
+        to call at each turn. Python runs a signal's handler between any two bytecodes of
+        the main thread, also inside a weakref callback or a ``__del__``, where an
+        exception is only printed ("Exception ignored in ...") and the code goes on: a
+        Ctrl-C raised inside a ``WeakSet``'s callback was lost, and the demo ran on past
+        it (its test waited 240 s for the end). A stop that did propagate ends the loop
+        first, so this raises only a lost one."""
+        stop, self._raised = self._raised, None
+        if stop is not None:
+            raise stop
+
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         stop: BaseException = Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
         if not self.first:
             self.first, self.first_in = stop_name(stop), self.phase
             if self.phase is StopPhase.FINISHING:
                 return
+        self._raised = stop
         raise_or_hold(stop)
